@@ -1,0 +1,34 @@
+"""ragen2: diagnose and prevent reasoning collapse in multi-turn agent RL.
+
+Install (CPU, keeps an already installed torch):  bash scripts/setup.sh
+Plain editable install when torch is already present:  pip install -e .[dev]
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="ragen2",
+    version="0.1.0",
+    description="Ray Tune-driven ablation and sweep orchestrator for template collapse in agentic RL",
+    packages=find_packages(include=["ragen2_core", "ragen2_core.*"]),
+    python_requires=">=3.10",
+    # torch is deliberately unpinned here: scripts/setup.sh installs the CPU build (torch==2.13.0)
+    # only when no torch is present, so a user's CUDA build is never replaced.
+    install_requires=[
+        "torch>=2.4",
+        "transformers>=4.51",
+        "tokenizers>=0.21",
+        "deepspeed>=0.16",
+        "mlflow>=2.18",
+        "ray[tune]>=2.40",
+        "optuna>=4.0",
+        "gymnasium>=1.0",
+        "pyyaml>=6.0",
+        "numpy>=1.26",
+        "matplotlib>=3.8",
+    ],
+    extras_require={
+        "dev": ["pytest>=8.0", "pytest-timeout>=2.3"],
+        "bench": ["trl>=0.20"],
+    },
+    entry_points={"console_scripts": ["ragen2=ragen2_core.cli:main"]},
+)
