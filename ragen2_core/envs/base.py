@@ -1,0 +1,92 @@
+"""The text-environment protocol and the shared response parser.
+
+An episode: ``obs = env.reset(seed)``, then per turn ``result = env.step(response)`` where
+``response`` is the model's whole reply for the turn, ``<think>...</think><answer>...</answer>``.
+Envs parse the reply themselves (with :func:`parse_response`) so that every env penalises a
+malformed reply the same way and the rollout engine never needs to know an env's action set.
+"""
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+RESPONSE_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
+ACTION_SEP = "||"
+
+
+@dataclass(frozen=True)
+class ParsedResponse:
+    think: str | None          # text strictly inside <think>...</think>, None when the format failed
+    actions: list[str]         # canonical action names, at most max_actions
+    format_valid: bool         # tags matched and every listed action was known
+    n_requested: int           # actions listed in <answer> (before truncation / dropping)
+
+
+def parse_response(text: str, action_names: list[str], max_actions: int) -> ParsedResponse:
+    """Parse one reply. Unknown actions are dropped (and make the turn invalid); extra actions are
+    truncated to ``max_actions`` without penalty, as in the RAGEN release."""
+    m = RESPONSE_RE.search(text)
+    if m is None:
+        return ParsedResponse(None, [], False, 0)
+    lookup = {a.lower(): a for a in action_names}
+    raw = [a.strip() for a in m.group(2).split(ACTION_SEP)]
+    raw = [a for a in raw if a]
+    known = [lookup[a.lower()] for a in raw if a.lower() in lookup]
+    valid = bool(raw) and len(known) == len(raw)
+    return ParsedResponse(m.group(1).strip(), known[:max_actions], valid, len(raw))
+
+
+@dataclass
+class StepResult:
+    observation: str           # next state text (what the next turn's prompt shows)
+    reward: float              # sum of action rewards this turn plus any format penalty
+    done: bool                 # episode over: success, failure (hole) or budget exhausted
+    success: bool              # solved and not truncated
+    info: dict = field(default_factory=dict)  # format_valid, actions, n_actions_executed, ...
+
+
+@dataclass(frozen=True)
+class ExpertTurn:
+    think: str                 # reasoning text (without tags)
+    actions: list[str]         # at most max_actions_per_turn actions
+
+
+class TextEnv(ABC):
+    """Multi-turn text env. Subclasses set ``name`` and ``action_names``."""
+
+    name: str
+    action_names: list[str]
+
+    def __init__(self, *, slip: float, max_turns: int, max_actions_per_turn: int, max_actions: int,
+                 format_penalty: float):
+        self.slip = slip
+        self.max_turns = max_turns
+        self.max_actions_per_turn = max_actions_per_turn
+        self.max_actions = max_actions
+        self.format_penalty = format_penalty
+
+    @abstractmethod
+    def system_prompt(self) -> str:
+        """Instructions shown once at the start of every episode."""
+
+    @abstractmethod
+    def reset(self, seed: int, dynamics_seed: int | None = None) -> str:
+        """Generate the map from ``seed`` (same seed -> same map) and return the first observation.
+        ``dynamics_seed`` seeds the slip noise separately, so rollouts of one group share the map
+        but not their slips; None derives it from ``seed``."""
+
+    @abstractmethod
+    def step(self, response: str) -> StepResult:
+        """Apply one reply (think + answer). Never raises on malformed text."""
+
+    @abstractmethod
+    def expert_turn(self, style: str) -> ExpertTurn:
+        """Optimal next actions from the current state (exact BFS solver, re-planned every turn) with
+        reasoning in ``style`` 'grounded' (names positions and carries the plan) or 'template'
+        (generic text independent of the observation)."""
+
+    @property
+    @abstractmethod
+    def actions_left(self) -> int:
+        """Actions remaining in the episode budget."""
