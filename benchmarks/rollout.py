@@ -1,0 +1,111 @@
+"""Rollout speed: our batched KV-cached engine vs two ways of driving HF ``generate``.
+
+Same 64 FrozenLake episodes (same env seeds), sampling at temperature 1 with a fixed seed, same
+per-turn token budget, one process, the three ways run back to back:
+  ours        ragen2_core.rollout.engine.rollout (one cache across turns, lock-step decoding)
+  naive       HF generate once per episode and turn, on the full history
+  hf_batched  HF generate on the whole batch per turn, re-encoding every history (left padding)
+The last line printed is one JSON object; ``ratio`` = naive time / our time (goal >= 8) and
+``ratio_vs_hf_batched`` = batched-HF time / our time (goal >= 1.3).
+
+    python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--config FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from ragen2_core.config import load_config
+from ragen2_core.envs.registry import env_factory
+from ragen2_core.policy.load import load_policy
+from ragen2_core.rollout.engine import SamplingParams, rollout, single_token_id
+from ragen2_core.rollout.prompt import first_chunk, next_chunk
+
+
+def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool) -> int:
+    """Play the episodes with HF generate; returns the number of generated tokens."""
+    envs = [make_env() for _ in seeds]
+    obs = [e.reset(s, dynamics_seed=s) for e, s in zip(envs, seeds)]
+    enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    hist = [enc(first_chunk(e.system_prompt(), o, e.actions_left, p.max_new_tokens)) for e, o in zip(envs, obs)]
+    stop = [single_token_id(tok, "</answer>"), tok.eos_token_id]
+    kw = dict(do_sample=True, temperature=p.temperature, top_k=0, top_p=1.0,
+              max_new_tokens=p.max_new_tokens, eos_token_id=stop, pad_token_id=tok.pad_token_id)
+    active, generated = list(range(len(seeds))), 0
+    while active:
+        if batched:
+            L = max(len(hist[b]) for b in active)
+            ids = torch.tensor([[tok.pad_token_id] * (L - len(hist[b])) + hist[b] for b in active])
+            mask = (torch.arange(L)[None, :] >= torch.tensor([L - len(hist[b]) for b in active])[:, None]).long()
+            out = model.generate(input_ids=ids, attention_mask=mask, **kw)[:, L:].tolist()
+        else:
+            out = [model.generate(input_ids=torch.tensor([hist[b]]), **kw)[0, len(hist[b]):].tolist()
+                   for b in active]
+        still = []
+        for b, reply in zip(active, out):
+            reply = reply[:next((i + 1 for i, t in enumerate(reply) if t in stop), len(reply))]
+            generated += len(reply)
+            result = envs[b].step("<think>" + tok.decode(reply, skip_special_tokens=True))
+            hist[b] += reply
+            if not result.done:
+                still.append(b)
+                hist[b] += enc(next_chunk(result.reward, len(still), result.observation,
+                                          envs[b].actions_left, p.max_new_tokens))
+        active = still
+    return generated
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    tokens = fn()
+    return time.perf_counter() - t0, tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--episodes", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="best of N for each way")
+    ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = load_config(args.config, ["env.name=frozenlake"])
+    model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
+    model.eval()
+    make_env = env_factory(cfg.env)
+    seeds = list(range(args.episodes))
+    p = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
+
+    def ours():
+        b = rollout(model, tok, make_env, env_seeds=seeds, dynamics_seeds=seeds, group_ids=seeds,
+                    sampling=p, generator=torch.Generator().manual_seed(0))
+        return sum(sum(m) for m in b.response_mask)
+
+    def hf(batched):
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return hf_driver(model, tok, make_env, seeds, p, batched=batched)
+
+    ways = {"ours": ours, "hf_batched": lambda: hf(True)}
+    if not args.skip_naive:
+        ways["naive"] = lambda: hf(False)
+    results = {}
+    for name, fn in ways.items():
+        runs = [timed(fn) for _ in range(args.repeats)]
+        sec, tokens = min(runs)
+        results[name] = {"seconds": round(sec, 3), "tokens": tokens, "tokens_per_s": round(tokens / sec, 1)}
+        print(f"{name:>10}: {sec:7.2f} s  {tokens:6d} tokens  {tokens / sec:8.1f} tok/s", flush=True)
+    ours_s = results["ours"]["seconds"]
+    print(json.dumps({
+        "name": "rollout", "episodes": args.episodes, "threads": args.threads, "policy": str(path),
+        "ratio": round(results["naive"]["seconds"] / ours_s, 2) if "naive" in results else None,
+        "ratio_vs_hf_batched": round(results["hf_batched"]["seconds"] / ours_s, 2),
+        "goal": {"ratio": 8, "ratio_vs_hf_batched": 1.3}, **results}))
+
+
+if __name__ == "__main__":
+    main()

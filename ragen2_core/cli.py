@@ -1,0 +1,102 @@
+"""The ``ragen2`` command.
+
+    ragen2 eval [--config FILE] [--set key=value ...] [--episodes N] [--sample] [--show K]
+    ragen2 warmstart [--config FILE] [--set key=value ...]     # build / locate the cached embedded policy
+    ragen2 config [--config FILE] [--set key=value ...] [--describe]
+
+Bad configuration prints every error (field, value, fix) and exits with status 2 before any work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ragen2_core.config import ConfigError, describe, dump_yaml, load_config
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML training config (default: built-in defaults)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted override, repeatable, e.g. --set rollout.group_size=4")
+
+
+def _threads(cfg) -> None:
+    import torch
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+
+
+def cmd_config(cfg, args) -> int:
+    print(describe() if args.describe else dump_yaml(cfg), end="")
+    return 0
+
+
+def cmd_warmstart(cfg, args) -> int:
+    from ragen2_core.policy.load import resolve_policy_path
+    _threads(cfg)
+    t0 = time.time()
+    path = resolve_policy_path(cfg.policy, cfg.warmstart, cfg.env)
+    print(f"policy: {path} ({time.time() - t0:.1f}s)")
+    return 0
+
+
+def cmd_eval(cfg, args) -> int:
+    from ragen2_core.envs.registry import env_factory
+    from ragen2_core.policy.load import load_policy
+    from ragen2_core.rollout.engine import SamplingParams
+    from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
+
+    _threads(cfg)
+    model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
+    make_env = env_factory(cfg.env)
+    seeds = val_seeds(cfg.env)[: args.episodes or None]
+    sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                              top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
+                              max_context_tokens=cfg.rollout.max_context_tokens, greedy=not args.sample)
+    t0 = time.time()
+    stats, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed)
+    stats["seconds"] = round(time.time() - t0, 2)
+    stats["random_policy_success"] = random_baseline(make_env, seeds=seeds)["success"]
+    print(f"policy {path} on {cfg.env.name} (slip {cfg.env.slip}), {len(seeds)} validation seeds, "
+          f"{'sampled' if args.sample else 'greedy'}:")
+    print(json.dumps(stats, indent=2))
+    for b in range(min(args.show, len(batch))):
+        print(f"\n--- sample {b} (seed {batch.env_seeds[b]}, success {batch.success[b]}, "
+              f"reward {batch.episode_reward[b]:.2f}) ---")
+        print(tok.decode(batch.token_ids[b]))
+    return 0
+
+
+COMMANDS = {"eval": cmd_eval, "warmstart": cmd_warmstart, "config": cmd_config}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ragen2", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("eval", help="run the policy on the validation seeds")
+    _config_args(p)
+    p.add_argument("--episodes", type=int, default=0, help="first N validation seeds (0 = all)")
+    p.add_argument("--sample", action="store_true", help="sample with the rollout settings (default greedy)")
+    p.add_argument("--show", type=int, default=2, help="print this many trajectories")
+    p = sub.add_parser("warmstart", help="build or locate the cached embedded policy")
+    _config_args(p)
+    p = sub.add_parser("config", help="print the resolved config (or --describe every field)")
+    _config_args(p)
+    p.add_argument("--describe", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        print(f"ragen2 {args.command}: invalid configuration:\n{err}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as err:
+        print(f"ragen2 {args.command}: {err}", file=sys.stderr)
+        return 2
+    return COMMANDS[args.command](cfg, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

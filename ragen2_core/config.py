@@ -1,0 +1,473 @@
+"""Typed run configuration: one dataclass per component, composed into `TrainConfig`.
+
+YAML is plain data and the dataclasses are its schema: every field carries a one-line
+help, optional choices and numeric bounds, and loading reports *all* problems at once.
+
+    from ragen2_core.config import load_config, dump_yaml, config_hash
+
+    cfg = load_config("configs/sokoban.yaml", ["rollout.group_size=8", "env.slip=0.1"])
+    cfg.rollout.group_size        # -> 8 (int, parsed as YAML)
+    print(dump_yaml(cfg))         # canonical YAML that reloads to an equal config
+    config_hash(cfg)              # -> 12 hex chars identifying the run settings
+
+A YAML file may start with `base: other.yaml` (relative to that file); the base is loaded
+first and this file is deep-merged over it. Cross-field rules live in a `check()` method on
+the dataclass; its messages start with the field name and get the section prefix added.
+"""
+import copy
+import dataclasses
+import difflib
+import hashlib
+import json
+import operator
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+class ConfigError(ValueError):
+    """Every problem found in one load, one per line."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = list(errors)
+        super().__init__(f"{len(self.errors)} config error(s):\n" + "\n".join(f"  - {e}" for e in self.errors))
+
+
+def opt(default, help, *, choices=None, ge=None, gt=None, le=None, lt=None):
+    """A dataclass field with help text and validation metadata.
+
+    `default` may be a dataclass type (a nested section) or a list/dict; both become a
+    `default_factory` so instances never share mutable state.
+    """
+    meta = {"help": help, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=meta)
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+# ----------------------------------------------------------------------------- validation machinery
+
+_BAD = object()  # marks a value that failed validation (None is a legitimate value)
+_OPS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+_FIX = {
+    int: "write a whole number, e.g. 8",
+    float: "write a number, e.g. 0.5",
+    bool: "write true or false",
+    str: "write a string; quote it if it looks like a number or bool, e.g. '1'",
+}
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _optional_inner(tp):
+    """X for Optional[X] (either spelling), else None."""
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return None
+
+
+def _type_name(tp) -> str:
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return f"Optional[{_type_name(inner)}]"
+    if typing.get_origin(tp) is list:
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    return tp.__name__
+
+
+def _unknown(dotted: str, names: list[str], prefix: str) -> str:
+    match = difflib.get_close_matches(dotted.rsplit(".", 1)[-1], names, n=1)
+    if match:
+        return f"unknown key '{dotted}' — did you mean '{_join(prefix, match[0])}'?"
+    where = f" under '{prefix}'" if prefix else " at top level"
+    return f"unknown key '{dotted}' — valid keys{where}: {', '.join(names)}"
+
+
+def _scalar(value, tp, meta, path, errors):
+    # bool subclasses int in Python, but `group_size: true` is always a mistake in a config.
+    ok = isinstance(value, tp) and not (isinstance(value, bool) and tp is not bool)
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True  # canonical float keeps dumps and hashes stable
+    if not ok:
+        errors.append(f"{path}: expected {tp.__name__}, got {value!r} ({type(value).__name__}); {_FIX[tp]}")
+        return _BAD
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        alts = "|".join(map(str, choices))
+        hint = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+        errors.append(f"{path}: {value!r} is not a valid choice; use one of {alts}"
+                      + (f" (did you mean {hint[0]!r}?)" if hint else ""))
+        return _BAD
+    bounds = [(op, meta[op]) for op in _OPS if meta.get(op) is not None]
+    if any(not _OPS[op][0](value, bound) for op, bound in bounds):
+        need = " and ".join(f"{_OPS[op][1]} {bound}" for op, bound in bounds)
+        errors.append(f"{path}: {value!r} is out of range; it must be {need}")
+        return _BAD
+    return value
+
+
+def _convert(value, tp, meta, path, errors):
+    """The validated value for annotation `tp`, or _BAD after recording why."""
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, errors)
+    inner = _optional_inner(tp)
+    if inner is not None:
+        return None if value is None else _convert(value, inner, meta, path, errors)
+    if value is None:
+        errors.append(f"{path}: null is not allowed here; set a {_type_name(tp)} value")
+        return _BAD
+    if typing.get_origin(tp) is list:
+        if not isinstance(value, (list, tuple)):
+            errors.append(f"{path}: expected a list, got {value!r} ({type(value).__name__}); write it as [a, b]")
+            return _BAD
+        items = [_convert(v, typing.get_args(tp)[0], meta, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+        return _BAD if any(v is _BAD for v in items) else items
+    return _scalar(value, tp, meta, path, errors)
+
+
+def _build(cls, data, path, errors):
+    """Instantiate section `cls` from a mapping, appending every problem to `errors`."""
+    if dataclasses.is_dataclass(data) and not isinstance(data, type):
+        data = to_dict(data)
+    if not isinstance(data, dict):
+        errors.append(f"{path or 'config'}: expected a mapping of {cls.__name__} fields, got {data!r} "
+                      f"({type(data).__name__}); write it as `{path or 'section'}: {{field: value}}`")
+        return _BAD
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    n_before = len(errors)
+    errors.extend(_unknown(_join(path, str(k)), list(fields), path) for k in data if k not in fields)
+    values = {name: _convert(data[name], hints[name], f.metadata, _join(path, name), errors)
+              for name, f in fields.items() if name in data}
+    if len(errors) > n_before:
+        return _BAD  # cross-field rules on half-valid sections only produce noise
+    obj = cls(**values)
+    if hasattr(obj, "check"):
+        errors.extend(_join(path, msg) for msg in obj.check())
+    return obj
+
+
+# ----------------------------------------------------------------------------- loading
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
+    return out
+
+
+def _with_base(data: dict, root: Path, chain: tuple) -> dict:
+    data = dict(data)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError([f"base: expected a path to a YAML file, got {base!r}"])
+    return _merge(_read_yaml(root / base, chain), data)
+
+
+def _read_yaml(path: Path, chain: tuple = ()) -> dict:
+    path = Path(path).expanduser().resolve()
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in chain + (path,))
+        raise ConfigError([f"base: inheritance cycle {cycle}; remove one of these base: lines"])
+    if not path.is_file():
+        raise ConfigError([f"config file not found: {path}"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError([f"{path}: invalid YAML: {e}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level must be a mapping of sections, got {type(data).__name__}"])
+    return _with_base(data, path.parent, chain + (path,))
+
+
+def _schema_problem(key: str) -> Optional[str]:
+    """Why dotted `key` names no field of TrainConfig, or None when it does."""
+    cls, parts = TrainConfig, key.split(".")
+    for i, part in enumerate(parts):
+        if not dataclasses.is_dataclass(cls):
+            return f"'{'.'.join(parts[:i])}' is a value, not a section; drop '.{'.'.join(parts[i:])}'"
+        names = [f.name for f in dataclasses.fields(cls)]
+        if part not in names:
+            return _unknown(".".join(parts[:i + 1]), names, ".".join(parts[:i]))
+        cls = typing.get_type_hints(cls)[part]
+    return None
+
+
+def _apply_override(data: dict, text: str, errors: list[str]) -> None:
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        errors.append(f"override {text!r} is malformed; write it as dotted.key=value, e.g. rollout.group_size=8")
+        return
+    problem = _schema_problem(key)
+    if problem:
+        errors.append(f"override {text!r}: {problem}")
+        return
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        value = raw  # e.g. an unbalanced bracket in a path; the type check still applies
+    *parents, leaf = key.split(".")
+    node = data
+    for p in parents:
+        if not isinstance(node.get(p), dict):
+            node[p] = {}
+        node = node[p]
+    both_maps = isinstance(node.get(leaf), dict) and isinstance(value, dict)
+    node[leaf] = _merge(node[leaf], value) if both_maps else value
+
+
+def load_config(source=None, overrides=()) -> "TrainConfig":
+    """Build a validated TrainConfig from a YAML path, a dict, or defaults (None).
+
+    `overrides` are `dotted.key=value` strings (value parsed as YAML), applied after the
+    file. Raises ConfigError listing every problem found.
+    """
+    if source is None:
+        data = {}
+    elif isinstance(source, dict):
+        data = _with_base(copy.deepcopy(source), Path.cwd(), ())
+    elif dataclasses.is_dataclass(source) and not isinstance(source, type):
+        data = to_dict(source)
+    elif isinstance(source, (str, os.PathLike)):
+        data = _read_yaml(Path(source))
+    else:
+        raise ConfigError([f"config source must be a YAML path, a dict or None, got {type(source).__name__}"])
+    if isinstance(overrides, str):
+        overrides = [overrides]  # a lone string would otherwise be split into characters
+    errors: list[str] = []
+    for text in overrides:
+        _apply_override(data, text, errors)
+    cfg = _build(TrainConfig, data, "", errors)
+    if errors:
+        raise ConfigError(errors)
+    return cfg
+
+
+# ----------------------------------------------------------------------------- export
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def dump_yaml(cfg) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=True, default_flow_style=False)
+
+
+def flatten(cfg) -> dict[str, Any]:
+    """{'env.frozenlake.size': 4, ...}; lists stay whole values."""
+    out: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for k, v in node.items():
+            if isinstance(v, dict):
+                walk(v, _join(prefix, k))
+            else:
+                out[_join(prefix, k)] = v
+
+    walk(to_dict(cfg), "")
+    return out
+
+
+def config_hash(cfg) -> str:
+    canonical = json.dumps(to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def describe(cls=None) -> str:
+    """Every dotted key of `cls` (default TrainConfig) with type, default, help and constraints."""
+    rows = []
+
+    def walk(c, prefix):
+        hints = typing.get_type_hints(c)
+        for f in dataclasses.fields(c):
+            key, tp, meta = _join(prefix, f.name), hints[f.name], f.metadata
+            if dataclasses.is_dataclass(tp):
+                rows.append((key, "section", "", meta.get("help", "")))
+                walk(tp, key)
+                continue
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rules = [f"one of {'|'.join(map(str, meta['choices']))}"] if meta.get("choices") else []
+            rules += [f"{_OPS[op][1]} {meta[op]}" for op in _OPS if meta.get(op) is not None]
+            extra = f" [{', '.join(rules)}]" if rules else ""
+            rows.append((key, _type_name(tp), json.dumps(default), meta.get("help", "") + extra))
+
+    walk(cls or TrainConfig, "")
+    kw, tw, dw = (max(len(r[i]) for r in rows) for i in range(3))
+    return "\n".join(f"{k:<{kw}}  {t:<{tw}}  {d:<{dw}}  {h}".rstrip() for k, t, d, h in rows)
+
+
+# ----------------------------------------------------------------------------- schema
+
+ENVS = ["frozenlake", "sokoban"]
+
+
+@dataclasses.dataclass
+class FrozenLakeConfig:
+    size: int = opt(4, "grid side length", ge=2, le=12)
+    p_frozen: float = opt(0.9, "probability a tile is frozen (walkable) rather than a hole", gt=0, le=1)
+    min_path_len: int = opt(1, "reject maps whose shortest start-goal path is shorter than this", ge=1)
+
+
+@dataclasses.dataclass
+class SokobanConfig:
+    size: int = opt(6, "room side length", ge=4, le=12)
+    num_boxes: int = opt(1, "boxes to push onto targets", choices=[1])
+    search_depth: int = opt(300, "reverse-play steps used to generate a solvable room", ge=1)
+    max_solution_len: Optional[int] = opt(10, "reject rooms whose solution is longer; null = no limit", ge=1)
+
+
+@dataclasses.dataclass
+class EnvConfig:
+    name: str = opt("frozenlake", "which environment", choices=ENVS)
+    slip: float = opt(0.0, "prob. the intended move is replaced by a perpendicular one", ge=0, le=1)
+    max_turns: int = opt(5, "agent turns per episode", ge=1)
+    max_actions_per_turn: int = opt(2, "actions the agent may issue in one turn", ge=1)
+    max_actions: int = opt(10, "actions per episode across all turns", ge=1)
+    format_penalty: float = opt(-0.1, "reward added when a reply does not parse", le=0)
+    val_seeds: int = opt(100, "number of fixed validation seeds", ge=1)
+    val_seed_start: int = opt(1_000_000_000, "first validation seed; training seeds are drawn below it", ge=0)
+    frozenlake: FrozenLakeConfig = opt(FrozenLakeConfig, "FrozenLake map generation")
+    sokoban: SokobanConfig = opt(SokobanConfig, "Sokoban room generation")
+
+    def check(self) -> list[str]:
+        if self.max_actions_per_turn > self.max_actions:
+            return [f"max_actions_per_turn ({self.max_actions_per_turn}) exceeds max_actions ({self.max_actions}); "
+                    "lower max_actions_per_turn or raise max_actions"]
+        return []
+
+
+@dataclasses.dataclass
+class PolicyConfig:
+    model: str = opt("embedded", '"embedded" (tiny built-in Qwen2) or an HF model name / local path')
+    dtype: str = opt("float32", "parameter dtype", choices=["float32", "bfloat16", "float16"])
+    hidden_size: int = opt(128, "embedded architecture: hidden width", ge=1)
+    num_layers: int = opt(4, "embedded architecture: decoder layers", ge=1)
+    num_heads: int = opt(4, "embedded architecture: attention heads", ge=1)
+    num_kv_heads: int = opt(2, "embedded architecture: key/value heads (grouped-query attention)", ge=1)
+    intermediate_size: int = opt(384, "embedded architecture: MLP width", ge=1)
+    vocab_size: int = opt(512, "embedded tokenizer's BPE vocabulary size", ge=64, le=65536)
+    cache_dir: str = opt("~/.cache/ragen2", "where the embedded model and warm starts are cached")
+
+    def check(self) -> list[str]:
+        errs = []
+        if self.hidden_size % self.num_heads:
+            errs.append(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads}); "
+                        "pick a multiple of num_heads")
+        if self.num_heads % self.num_kv_heads:
+            errs.append(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads ({self.num_kv_heads}); "
+                        "pick a divisor of num_heads")
+        return errs
+
+
+@dataclasses.dataclass
+class WarmStartConfig:
+    enabled: bool = opt(True, "supervised pass on expert traces before RL (embedded model only)")
+    envs: list[str] = opt(list(ENVS), "environments whose expert traces are used", choices=ENVS)
+    grounded_frac: float = opt(0.5, "share of traces whose <think> is grounded (vs generic template)", ge=0, le=1)
+    episodes: int = opt(2000, "expert episodes generated per environment", ge=1)
+    steps: int = opt(1500, "optimizer steps", ge=1)
+    batch_size: int = opt(32, "traces per optimizer step", ge=1)
+    lr: float = opt(1e-3, "learning rate", gt=0)
+    seed: int = opt(0, "seed for trace generation and shuffling")
+
+    def check(self) -> list[str]:
+        return [] if self.envs else ["envs is empty; list at least one of " + "|".join(ENVS)]
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    n_groups: int = opt(8, "prompt groups (env seeds) per batch", ge=1)
+    group_size: int = opt(8, "rollouts per group sharing one env seed", ge=1)
+    temperature: float = opt(1.0, "sampling temperature", gt=0)
+    top_p: float = opt(1.0, "nucleus sampling mass", gt=0, le=1)
+    top_k: int = opt(0, "sample among the k likeliest tokens; 0 = off", ge=0)
+    max_new_tokens: int = opt(96, "token budget per turn's reply", ge=1)
+    max_context_tokens: int = opt(2048, "episode is truncated once the context reaches this length", ge=64)
+
+
+@dataclasses.dataclass
+class AlgoConfig:
+    advantage: str = opt("grpo", "advantage estimator", choices=["gae", "grpo", "drgrpo"])
+    gamma: float = opt(1.0, "discount factor", ge=0, le=1)
+    lam: float = opt(1.0, "GAE lambda", ge=0, le=1)
+    clip_low: float = opt(0.2, "PPO ratio clip below 1", ge=0)
+    clip_high: float = opt(0.28, "PPO ratio clip above 1 (clip-higher)", ge=0)
+    loss_agg: str = opt("seq-mean-token-mean", "how token losses are aggregated",
+                        choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+    kl_coef: float = opt(0.0, "KL penalty weight against the reference policy; 0 = off", ge=0)
+    kl_estimator: str = opt("k3", "KL estimator", choices=["k1", "k2", "k3"])
+    kl_placement: str = opt("in_loss", "apply KL in the loss or subtract it from rewards",
+                            choices=["in_loss", "in_reward"])
+    entropy_coef: float = opt(0.001, "entropy bonus weight", ge=0)
+    actor_lr: float = opt(5e-5, "policy learning rate", gt=0)
+    critic_lr: float = opt(1e-4, "value-head learning rate (gae only)", gt=0)
+    value_clip: float = opt(0.2, "value-loss clip range (gae only)", ge=0)
+    ppo_epochs: int = opt(1, "passes over each batch", ge=1)
+    mini_batches: int = opt(1, "optimizer steps per pass", ge=1)
+    max_grad_norm: float = opt(1.0, "gradient clipping norm", gt=0)
+
+
+@dataclasses.dataclass
+class FilterConfig:
+    strategy: str = opt("top_p", "how groups are kept by reward variance", choices=["top_p", "top_k", "top_k_abs", "min_p"])
+    value: float = opt(1.0, "top_p mass / top_k fraction / top_k_abs count / min_p ratio", ge=0)
+    mode: str = opt("linear", "how group scores become keep weights", choices=["linear", "softmax"])
+    statistic: str = opt("std", "per-group reward spread statistic", choices=["std", "var"])
+    include_zero: bool = opt(True, "keep groups whose reward spread is zero")
+    loss_scale: str = opt("none", "rescale the loss by the kept fraction", choices=["none", "linear", "sqrt"])
+
+    def check(self) -> list[str]:
+        if self.strategy == "top_k_abs":
+            if self.value < 1 or not float(self.value).is_integer():
+                return [f"value ({self.value}) must be a whole number >= 1 for strategy top_k_abs; e.g. 4"]
+        elif not 0 < self.value <= 1:
+            return [f"value ({self.value}) must be in (0, 1] for strategy {self.strategy}; e.g. 0.5"]
+        return []
+
+
+@dataclasses.dataclass
+class TrainLoopConfig:
+    steps: int = opt(100, "RL steps", ge=0)
+    seed: int = opt(0, "global seed")
+    eval_every: int = opt(10, "validate every N steps; 0 = never", ge=0)
+    checkpoint_every: int = opt(0, "checkpoint every N steps; 0 = only at the end", ge=0)
+    keep_checkpoints: int = opt(2, "newest checkpoints kept on disk", ge=1)
+    output_dir: str = opt("runs/default", "where checkpoints, logs and the resolved config go")
+    resume: bool = opt(False, "continue from the newest checkpoint in output_dir")
+    zero_stage: int = opt(0, "DeepSpeed ZeRO stage; 0 = plain torch", choices=[0, 1, 2, 3])
+    deepspeed_config: Optional[str] = opt(None, "DeepSpeed JSON overriding the generated one; null = generated")
+    grad_accum: int = opt(1, "gradient accumulation steps", ge=1)
+    threads: int = opt(0, "torch CPU threads; 0 = torch default", ge=0)
+
+
+@dataclasses.dataclass
+class TrackingConfig:
+    uri: Optional[str] = opt(None, "MLflow tracking URI; null = sqlite file mlflow.db in the cwd (or $MLFLOW_TRACKING_URI)")
+    experiment: str = opt("ragen2", "MLflow experiment name")
+    run_name: Optional[str] = opt(None, "MLflow run name; null = generated")
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    env: EnvConfig = opt(EnvConfig, "environment")
+    policy: PolicyConfig = opt(PolicyConfig, "policy model")
+    warmstart: WarmStartConfig = opt(WarmStartConfig, "supervised warm start")
+    rollout: RolloutConfig = opt(RolloutConfig, "rollout sampling")
+    algo: AlgoConfig = opt(AlgoConfig, "RL algorithm")
+    filter: FilterConfig = opt(FilterConfig, "reward-variance group filter")
+    train: TrainLoopConfig = opt(TrainLoopConfig, "training loop")
+    tracking: TrackingConfig = opt(TrackingConfig, "MLflow tracking")

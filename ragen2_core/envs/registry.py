@@ -1,0 +1,35 @@
+"""Text envs by name, so configs and scripts can pick one with a string."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+
+from .base import TextEnv
+from .frozenlake import FrozenLakeEnv
+from .sokoban import SokobanEnv
+
+_ENVS: dict[str, type[TextEnv]] = {"frozenlake": FrozenLakeEnv, "sokoban": SokobanEnv}
+ENV_NAMES: list[str] = list(_ENVS)
+
+
+def make_env(name: str, **kwargs) -> TextEnv:
+    """A fresh env ``name`` built with constructor ``kwargs`` (call ``reset`` before use)."""
+    if name not in _ENVS:
+        raise ValueError(f"unknown env {name!r}; choose one of {', '.join(ENV_NAMES)}")
+    return _ENVS[name](**kwargs)
+
+
+def env_kwargs(env_cfg, name: str | None = None, *, slip: float | None = None) -> dict:
+    """Constructor arguments of env ``name`` (default: ``env_cfg.name``) from the ``env`` section."""
+    name = name or env_cfg.name
+    common = dict(slip=env_cfg.slip if slip is None else slip, max_turns=env_cfg.max_turns,
+                  max_actions_per_turn=env_cfg.max_actions_per_turn,
+                  max_actions=env_cfg.max_actions, format_penalty=env_cfg.format_penalty)
+    return {**common, **asdict(getattr(env_cfg, name))}
+
+
+def env_factory(env_cfg, name: str | None = None, *, slip: float | None = None) -> Callable[[], TextEnv]:
+    """A no-argument constructor of the configured env (the rollout engine makes one per episode)."""
+    kwargs = env_kwargs(env_cfg, name, slip=slip)
+    name = name or env_cfg.name
+    return lambda: make_env(name, **kwargs)

@@ -1,0 +1,46 @@
+"""Policy construction: the tiny embedded Qwen2 or any HF causal LM, through the same code path.
+
+    model, tok = load_pretrained("Qwen/Qwen2.5-0.5B-Instruct")    # or a local directory
+    model = build_tiny_qwen2(tok, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
+                             intermediate_size=384, seed=0)
+"""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_tiny_qwen2(tokenizer, *, hidden_size: int, num_layers: int, num_heads: int,
+                     num_kv_heads: int, intermediate_size: int, seed: int,
+                     max_positions: int = 4096) -> Qwen2ForCausalLM:
+    """Random-init Qwen2 sized to the tokenizer; seeded so the same arguments give the same weights."""
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads, max_position_embeddings=max_positions,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id, bos_token_id=None,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model
+
+
+def load_pretrained(name_or_path: str, *, dtype: str = "float32"):
+    """Load an HF causal LM and its tokenizer by hub name or local directory.
+
+    A tokenizer without a pad token gets its eos as pad; padding goes on the left because the
+    rollout engine appends generated tokens on the right."""
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    return model, tokenizer
+
+
+def count_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

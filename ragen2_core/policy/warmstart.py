@@ -1,0 +1,179 @@
+"""The embedded default policy: tokenizer + tiny Qwen2, warm-started on exact-solver traces, cached.
+
+Expert traces come from each env's BFS solver, re-planned every turn. Each episode's reasoning is
+either *grounded* (names the positions and writes the remaining path as a scratchpad, which is what
+makes the answer easy to produce) or a fixed *template* sentence, mixed by ``grounded_frac``. So the
+warm-started policy's reasoning depends on its input (MI clearly above zero) and can collapse to
+the template under RL.
+
+The result is saved with ``save_pretrained`` under ``<cache_dir>/embedded-<key>/`` where ``key``
+hashes everything that shapes it; building is atomic (temp dir + rename) and locked, so parallel
+trials build it once.
+
+    path = embedded_policy_path(policy_cfg, warmstart_cfg, env_cfg)   # builds on first call
+    model = AutoModelForCausalLM.from_pretrained(path)
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from ragen2_core.envs.registry import env_factory
+from ragen2_core.policy.model import build_tiny_qwen2, count_parameters
+from ragen2_core.policy.tokenizer import train_tokenizer
+from ragen2_core.rollout.prompt import first_chunk, next_chunk
+
+# Bump when env text, prompt format or trace style changes: cached policies would be stale.
+FORMAT_VERSION = 1
+TOKENIZER_EPISODES = 400      # expert episodes per env that the BPE is trained on
+REPLY_BUDGET = 96             # the budget number the expert prompts show (rollout.max_new_tokens)
+
+
+def reply_text(think: str, actions: list[str]) -> str:
+    """The reply as the model should write it (generation starts after ``<think>``)."""
+    return f"{think}</think><answer>{' || '.join(actions)}</answer>"
+
+
+def expert_episode(env, seed: int, style: str) -> list[tuple[str, str]]:
+    """[(prompt chunk, reply), ...] of one solved-by-BFS episode (slip as the env has it)."""
+    obs = env.reset(seed)
+    turns, chunk, turn = [], first_chunk(env.system_prompt(), obs, env.actions_left, REPLY_BUDGET), 1
+    while True:
+        expert = env.expert_turn(style)
+        reply = reply_text(expert.think, expert.actions)
+        turns.append((chunk, reply))
+        result = env.step("<think>" + reply)
+        if result.done or turn >= env.max_turns:
+            return turns
+        turn += 1
+        chunk = next_chunk(result.reward, turn, result.observation, env.actions_left, REPLY_BUDGET)
+
+
+def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
+    shape = {"version": FORMAT_VERSION, "policy": asdict(policy_cfg), "warmstart": asdict(warm_cfg),
+             "env": {k: v for k, v in asdict(env_cfg).items() if k not in ("name", "slip", "val_seeds", "val_seed_start")}}
+    shape["policy"].pop("cache_dir")
+    shape["policy"].pop("model")
+    return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int) -> list[list[tuple[str, str]]]:
+    rng = random.Random(warm_cfg.seed + seed_base)
+    episodes = []
+    for name in warm_cfg.envs:
+        env = env_factory(env_cfg, name, slip=0.0)()
+        for i in range(n_per_env):
+            style = "grounded" if rng.random() < warm_cfg.grounded_frac else "template"
+            episodes.append(expert_episode(env, seed_base + i, style))
+    rng.shuffle(episodes)
+    return episodes
+
+
+def _tokenize(episodes, tok) -> list[tuple[list[int], list[int]]]:
+    out = []
+    for ep in episodes:
+        ids, mask = [], []
+        for chunk, reply in ep:
+            c, r = tok.encode(chunk, add_special_tokens=False), tok.encode(reply, add_special_tokens=False)
+            ids += c + r
+            mask += [0] * len(c) + [1] * len(r)
+        out.append((ids, mask))
+    return out
+
+
+def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed: int,
+                    pad_id: int, log_every: int = 50) -> list[float]:
+    """Cross-entropy on reply tokens only; AdamW with cosine decay. Returns the loss curve."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    losses, t0 = [], time.time()
+    for step in range(steps):
+        idx = torch.randint(len(data), (batch_size,), generator=gen).tolist()
+        T = max(len(data[i][0]) for i in idx)
+        ids = torch.full((batch_size, T), pad_id, dtype=torch.long)
+        labels = torch.full((batch_size, T), -100, dtype=torch.long)
+        attn = torch.zeros(batch_size, T, dtype=torch.long)
+        for b, i in enumerate(idx):
+            seq, mask = data[i]
+            ids[b, :len(seq)] = torch.tensor(seq)
+            attn[b, :len(seq)] = 1
+            labels[b, :len(seq)] = torch.where(torch.tensor(mask, dtype=torch.bool),
+                                               torch.tensor(seq), torch.tensor(-100))
+        loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss))
+        if log_every and (step % log_every == 0 or step == steps - 1):
+            print(f"[warmstart] step {step + 1}/{steps} loss {loss.item():.4f} "
+                  f"({time.time() - t0:.0f}s)", flush=True)
+    model.eval()
+    return losses
+
+
+def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
+    """Train the tokenizer, init the model, run the supervised pass, save everything to out_dir."""
+    t0 = time.time()
+    corpus_eps = _traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0)
+    # The corpus also sees the grounded style for every env, whatever grounded_frac is.
+    texts = [c + r for ep in corpus_eps for c, r in ep]
+    for name in warm_cfg.envs:
+        env = env_factory(env_cfg, name, slip=0.0)()
+        env.reset(0)
+        texts.append(env.expert_turn("grounded").think + env.expert_turn("template").think)
+        texts.append(env.step("no tags").observation)
+    tok = train_tokenizer(texts, vocab_size=policy_cfg.vocab_size)
+    model = build_tiny_qwen2(tok, hidden_size=policy_cfg.hidden_size, num_layers=policy_cfg.num_layers,
+                             num_heads=policy_cfg.num_heads, num_kv_heads=policy_cfg.num_kv_heads,
+                             intermediate_size=policy_cfg.intermediate_size, seed=warm_cfg.seed)
+    meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg)}
+    if warm_cfg.enabled:
+        # Training episodes use seeds disjoint from the tokenizer corpus and from validation.
+        episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000)
+        data = _tokenize(episodes, tok)
+        losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
+                                 lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)
+        meta |= {"final_loss": sum(losses[-20:]) / len(losses[-20:]),
+                 "mean_tokens": sum(len(d[0]) for d in data) / len(data)}
+    meta["build_seconds"] = round(time.time() - t0, 1)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    (out_dir / "ragen2_meta.json").write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def embedded_policy_path(policy_cfg, warm_cfg, env_cfg) -> Path:
+    """Path of the cached embedded policy, built (once, under a file lock) if missing."""
+    root = Path(os.path.expanduser(policy_cfg.cache_dir))
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
+    if (final / "ragen2_meta.json").exists():
+        return final
+    with open(root / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / "ragen2_meta.json").exists():  # built by another process while we waited
+            return final
+        print(f"[warmstart] building embedded policy -> {final}", flush=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        try:
+            build_embedded(tmp, policy_cfg, warm_cfg, env_cfg)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final

@@ -1,0 +1,63 @@
+"""Validation on the fixed seed set, and the random-action baseline it is compared with.
+
+    stats = evaluate(model, tok, make_env, seeds=val_seeds(cfg.env), sampling=SamplingParams(greedy=True))
+    print(stats["success"], random_baseline(make_env, seeds)["success"])
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from ragen2_core.envs.base import TextEnv
+from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.types import RolloutBatch
+
+
+def val_seeds(env_cfg) -> list[int]:
+    """The fixed validation set; training seeds are drawn below ``val_seed_start``."""
+    return list(range(env_cfg.val_seed_start, env_cfg.val_seed_start + env_cfg.val_seeds))
+
+
+def batch_stats(batch: RolloutBatch) -> dict[str, float]:
+    n = len(batch)
+    turns = sum(batch.n_turns)
+    think = [e - s for spans in batch.think_spans for s, e in spans]
+    return {
+        "success": sum(batch.success) / n,
+        "reward_mean": sum(batch.episode_reward) / n,
+        "format_valid": sum(batch.n_valid_turns) / max(turns, 1),
+        "turns": turns / n,
+        "think_tokens": sum(think) / max(len(think), 1),
+    }
+
+
+def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[int],
+             sampling: SamplingParams, seed: int = 0, chunk: int = 128) -> tuple[dict, RolloutBatch]:
+    """Play every seed once (dynamics seeded by the env seed, so the set is fixed); mean stats."""
+    gen = torch.Generator().manual_seed(seed)
+    parts = []
+    for i in range(0, len(seeds), chunk):
+        s = seeds[i:i + chunk]
+        parts.append(rollout(model, tokenizer, make_env, env_seeds=s, dynamics_seeds=s,
+                             group_ids=list(range(i, i + len(s))), sampling=sampling, generator=gen))
+    batch = RolloutBatch(**{k: [x for p in parts for x in getattr(p, k)] for k in parts[0].__dict__})
+    return batch_stats(batch), batch
+
+
+def random_baseline(make_env: Callable[[], TextEnv], *, seeds: list[int], seed: int = 0) -> dict:
+    """Success of uniformly random well-formed actions (max per turn), the floor to beat."""
+    rng = random.Random(seed)
+    wins = 0
+    for s in seeds:
+        env = make_env()
+        env.reset(s, dynamics_seed=s)
+        while True:
+            k = min(env.max_actions_per_turn, env.actions_left)
+            acts = " || ".join(rng.choice(env.action_names) for _ in range(k))
+            result = env.step(f"<think>random</think><answer>{acts}</answer>")
+            if result.done:
+                wins += int(result.success)
+                break
+    return {"success": wins / len(seeds)}

@@ -1,0 +1,58 @@
+"""Typed containers passed between stages."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class RolloutBatch:
+    """B multi-turn trajectories; every per-token list of row b has the same length.
+
+    ``token_ids[b]`` is the whole conversation (prompt chunks and replies, as generated);
+    ``response_mask[b]`` marks the model's own tokens (env text is never trained on);
+    ``token_rewards[b]`` holds each turn's reward on that turn's last reply token.
+    ``think_spans[b]`` are [start, end) token spans strictly inside ``<think>...</think>`` per turn
+    (the first is the first turn's reasoning, which the MI diagnostic scores);
+    ``prompt_len[b]`` is the length of the first chunk (system text + first state), the "input x".
+    """
+    token_ids: list[list[int]]
+    response_mask: list[list[int]]
+    token_rewards: list[list[float]]
+    episode_reward: list[float]
+    success: list[bool]
+    group_ids: list[int]
+    env_seeds: list[int]
+    n_turns: list[int]
+    n_valid_turns: list[int]
+    think_spans: list[list[tuple[int, int]]]
+    prompt_len: list[int]
+    responses: list[list[str]] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def padded(self, pad_id: int) -> dict[str, torch.Tensor]:
+        """Right-padded tensors [B, T]: input_ids, attention_mask, response_mask, token_rewards."""
+        T = max(len(t) for t in self.token_ids)
+        B = len(self)
+        out = {
+            "input_ids": torch.full((B, T), pad_id, dtype=torch.long),
+            "attention_mask": torch.zeros(B, T, dtype=torch.long),
+            "response_mask": torch.zeros(B, T, dtype=torch.float32),
+            "token_rewards": torch.zeros(B, T, dtype=torch.float32),
+        }
+        for b, ids in enumerate(self.token_ids):
+            n = len(ids)
+            out["input_ids"][b, :n] = torch.tensor(ids)
+            out["attention_mask"][b, :n] = 1
+            out["response_mask"][b, :n] = torch.tensor(self.response_mask[b], dtype=torch.float32)
+            out["token_rewards"][b, :n] = torch.tensor(self.token_rewards[b])
+        return out
+
+    def select(self, rows: list[int]) -> "RolloutBatch":
+        """The sub-batch of the given rows (used by the SNR filter)."""
+        pick = lambda xs: [xs[i] for i in rows] if xs else xs  # noqa: E731
+        return RolloutBatch(**{k: pick(v) for k, v in self.__dict__.items()})

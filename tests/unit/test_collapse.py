@@ -1,0 +1,267 @@
+"""Tests for the template-collapse MI proxy (ragen2_core.metrics.collapse)."""
+import math
+import re
+
+import pytest
+import torch
+
+from ragen2_core.metrics.collapse import (
+    collapse_metrics, ema_update, mi_from_scores, mi_zscore, permutation_null,
+)
+
+
+def independent_scores(n=6, k=3, seed=0):
+    """Every reasoning is equally likely under every prompt: scores[i, k, j] constant in j."""
+    g = torch.Generator().manual_seed(seed)
+    per_sample = -torch.rand(n, k, 1, generator=g) * 20
+    return per_sample.expand(n, k, n).clone()
+
+
+def one_to_one_scores(n=8, k=4):
+    """Each reasoning is only possible under its own prompt."""
+    s = torch.full((n, k, n), -1e4)
+    idx = torch.arange(n)
+    s[idx, :, idx] = 0.0
+    return s
+
+
+# ---------------------------------------------------------------- mi_from_scores
+
+def test_independent_samples_have_zero_mi_and_chance_retrieval():
+    s = independent_scores(n=6)
+    m = mi_from_scores(s)
+    # marginal = logsumexp of 6 equal values - log 6 = the value itself = matched.
+    assert m["mi"] == pytest.approx(0.0, abs=1e-12)
+    # All 6 prompts tie; the default split rule gives 1/6 credit each, i.e. exactly chance.
+    assert m["retrieval_acc"] == pytest.approx(1 / 6)
+    assert m["retrieval_chance"] == pytest.approx(1 / 6)
+    assert m["cond_entropy"] == pytest.approx(m["marginal_entropy"])
+    assert mi_from_scores(s, ties="strict")["retrieval_acc"] == 0.0
+    # First-index argmax: only the reasonings of prompt 0 are "retrieved".
+    assert mi_from_scores(s, ties="first")["retrieval_acc"] == pytest.approx(1 / 6)
+
+
+def test_one_to_one_mapping_reaches_log_n():
+    n = 8
+    m = mi_from_scores(one_to_one_scores(n=n))
+    # matched = 0, marginal = log(1 + 7 e^-1e4) - log 8 = -log 8, so mi = log 8.
+    assert m["mi"] == pytest.approx(math.log(n), abs=1e-4)
+    assert m["mi_upper_bound"] == pytest.approx(math.log(n))
+    assert m["retrieval_acc"] == 1.0
+    assert m["cond_entropy"] == pytest.approx(0.0)
+    assert m["marginal_entropy"] == pytest.approx(math.log(n), abs=1e-4)
+
+
+def test_hand_worked_2x1x2():
+    s = torch.tensor([[[-1.0, -2.0]], [[-3.0, -1.0]]])
+    # i=0: matched -1; lse(-1, -2) = -1 + log(1 + e^-1) = -0.68673831
+    #      marginal = -0.68673831 - log 2 = -1.37988549; matched - marginal = 0.37988549
+    # i=1: matched -1; lse(-3, -1) = -1 + log(1 + e^-2) = -0.87307199
+    #      marginal = -0.87307199 - log 2 = -1.56621917; matched - marginal = 0.56621917
+    # mi = (0.37988549 + 0.56621917) / 2 = 0.47305233
+    # cond_entropy = -(-1 - 1) / 2 = 1; marginal_entropy = (1.37988549 + 1.56621917) / 2 = 1.47305233
+    m = mi_from_scores(s)
+    assert m["mi"] == pytest.approx(0.47305233, abs=1e-6)
+    assert m["cond_entropy"] == pytest.approx(1.0, abs=1e-6)
+    assert m["marginal_entropy"] == pytest.approx(1.47305233, abs=1e-6)
+    assert m["mi_upper_bound"] == pytest.approx(math.log(2))
+    assert m["retrieval_acc"] == 1.0          # both argmaxes on the diagonal
+    assert m["retrieval_chance"] == 0.5
+
+
+def test_per_token_divides_by_clamped_lengths():
+    s = torch.tensor([[[-1.0, -2.0]], [[-3.0, -1.0]]])
+    lengths = torch.tensor([[2], [0]])
+    # Row 0 / 2 -> [-0.5, -1]; row 1 / max(0, 1) -> [-3, -1] (unchanged).
+    # i=0: lse(-0.5, -1) = -0.5 + log(1 + e^-0.5) = -0.02592302
+    #      marginal = -0.02592302 - log 2 = -0.71907020; matched - marginal = 0.21907020
+    # i=1: as in the per-sequence example, 0.56621917
+    # mi = (0.21907020 + 0.56621917) / 2 = 0.39264468
+    # cond_entropy = (0.5 + 1) / 2 = 0.75; marginal_entropy = (0.71907020 + 1.56621917) / 2 = 1.14264468
+    m = mi_from_scores(s, lengths=lengths, per_token=True)
+    assert m["mi"] == pytest.approx(0.39264468, abs=1e-6)
+    assert m["cond_entropy"] == pytest.approx(0.75, abs=1e-6)
+    assert m["marginal_entropy"] == pytest.approx(1.14264468, abs=1e-6)
+    # Lengths are ignored unless per_token is set.
+    assert mi_from_scores(s, lengths=lengths)["mi"] == pytest.approx(0.47305233, abs=1e-6)
+
+
+def test_per_token_needs_matching_lengths():
+    s = torch.zeros(2, 1, 2)
+    with pytest.raises(ValueError, match="lengths"):
+        mi_from_scores(s, per_token=True)
+    with pytest.raises(ValueError, match=r"\(2, 1\)"):
+        mi_from_scores(s, lengths=torch.ones(2, 3), per_token=True)
+
+
+@pytest.mark.parametrize("shape", [(4, 4), (3, 2, 4), (2, 2, 2, 2)])
+def test_bad_shape_names_the_shape(shape):
+    with pytest.raises(ValueError, match=r"\[N, K, N\].*" + re.escape(str(shape))):
+        mi_from_scores(torch.zeros(shape))
+
+
+def test_single_prompt_rejected():
+    with pytest.raises(ValueError, match=r"N >= 2.*\(1, 3, 1\)"):
+        mi_from_scores(torch.zeros(1, 3, 1))
+
+
+def test_non_finite_and_bad_ties_rejected():
+    s = torch.zeros(2, 1, 2)
+    s[0, 0, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        mi_from_scores(s)
+    with pytest.raises(ValueError, match="ties"):
+        mi_from_scores(torch.zeros(2, 1, 2), ties="random")
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_mi_bounded_by_log_n_on_random_scores(seed):
+    g = torch.Generator().manual_seed(seed)
+    n, k = 2 + seed, 1 + seed % 3
+    s = torch.randn(n, k, n, generator=g) * 10 ** (seed % 4)
+    lengths = torch.randint(0, 30, (n, k), generator=g)
+    for per_token in (False, True):
+        m = mi_from_scores(s, lengths=lengths, per_token=per_token)
+        # logsumexp_j >= matched, so matched - marginal <= log N for every (i, k).
+        assert m["mi"] <= math.log(n) + 1e-9
+        assert 0.0 <= m["retrieval_acc"] <= 1.0
+        assert m["mi"] == pytest.approx(m["marginal_entropy"] - m["cond_entropy"], abs=1e-9)
+
+
+# ---------------------------------------------------------------- permutation null
+
+def test_null_for_one_to_one_is_far_below_mi():
+    s = one_to_one_scores(n=8, k=4)
+    null = permutation_null(s, n_perm=64, seed=0)
+    assert null.shape == (64,)
+    # A random relabelling keeps ~1 of 8 prompts in place, so the null MI sits near -1e4 * 7/8.
+    assert null.mean().item() < -1000
+    z = mi_zscore(s, n_perm=64, seed=0)
+    assert z["mi"] == pytest.approx(math.log(8), abs=1e-4)
+    assert z["null_mean"] == pytest.approx(null.mean().item())
+    assert z["zscore"] > 3
+
+
+def test_null_for_independent_samples_gives_zero_zscore():
+    z = mi_zscore(independent_scores(n=6), n_perm=16, seed=1)
+    # Every relabelling picks out identical scores: the null is a point mass at mi.
+    assert z["null_std"] == 0.0
+    assert z["zscore"] == 0.0
+    assert z["null_mean"] == pytest.approx(z["mi"])
+
+
+def test_prompt_offsets_alone_give_zero_zscore():
+    # scores = a[i,k] + b[j]: some prompts make everything likelier, but z ignores the prompt.
+    # A permutation only reorders b, so sum_i b[pi(i)] = sum_i b[i] and every null value equals mi.
+    # float64 so that rounding of a + b stays far below the std floor.
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(5, 2, 1, generator=g, dtype=torch.float64)
+    s = a + torch.randn(1, 1, 5, generator=g, dtype=torch.float64) * 5
+    z = mi_zscore(s, n_perm=16, seed=0)
+    assert abs(z["zscore"]) < 1e-6
+
+
+def test_iid_noise_scores_have_small_zscores():
+    zs = []
+    for seed in range(20):
+        g = torch.Generator().manual_seed(100 + seed)
+        zs.append(mi_zscore(torch.randn(8, 4, 8, generator=g), n_perm=64, seed=seed)["zscore"])
+    # Under the null z is roughly standard normal.
+    assert max(abs(z) for z in zs) < 4
+    assert abs(sum(zs) / len(zs)) < 1
+
+
+def test_null_is_seeded_and_sized():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(6, 3, 6, generator=g)
+    a = permutation_null(s, n_perm=10, seed=7)
+    b = permutation_null(s, n_perm=10, seed=7)
+    c = permutation_null(s, n_perm=10, seed=8)
+    assert a.shape == (10,)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    assert permutation_null(s, n_perm=3, seed=7).shape == (3,)
+    assert mi_zscore(s, n_perm=10, seed=7) == mi_zscore(s, n_perm=10, seed=7)
+
+
+def test_null_per_token_uses_lengths():
+    s = torch.tensor([[[-1.0, -2.0]], [[-3.0, -1.0]]])
+    lengths = torch.tensor([[2], [0]])
+    null = permutation_null(s, n_perm=20, seed=0, lengths=lengths, per_token=True)
+    # With N = 2 the only draws are the identity (mi = 0.39264468) and the swap:
+    # matched = [-1, -3], marginals as in the per-token example, so
+    # mi_swap = ((-1 + 0.71907020) + (-3 + 1.56621917)) / 2 = -0.85735532
+    values = sorted({round(v, 6) for v in null.tolist()})
+    assert values == [pytest.approx(-0.85735532, abs=1e-6), pytest.approx(0.39264468, abs=1e-6)]
+
+
+def test_bad_n_perm_rejected():
+    s = torch.randn(3, 2, 3)
+    with pytest.raises(ValueError, match="n_perm"):
+        permutation_null(s, n_perm=0, seed=0)
+    with pytest.raises(ValueError, match="n_perm"):
+        mi_zscore(s, n_perm=1, seed=0)
+
+
+def test_degenerate_null_stays_finite():
+    # N = 2 has two permutations; with n_perm = 2 some seeds draw the same one twice (null_std 0).
+    s = one_to_one_scores(n=2, k=1)
+    both_identity = mi_zscore(s, n_perm=2, seed=3)       # null = [mi, mi]
+    assert both_identity["null_std"] == 0.0 and both_identity["zscore"] == 0.0
+    both_swap = mi_zscore(s, n_perm=2, seed=1)           # null = [mi_swap, mi_swap] far below mi
+    assert both_swap["null_std"] == 0.0
+    # (log 2 - (-1e4 - (-log 2))) / 1e-8: large, positive, finite.
+    assert both_swap["zscore"] == pytest.approx(1e4 / 1e-8, rel=1e-6)
+    assert math.isfinite(both_swap["zscore"])
+
+
+# ---------------------------------------------------------------- ema and logging dict
+
+def test_ema_by_hand():
+    ema = None
+    seen = []
+    for v in [1.0, 0.0, 2.0, float("nan"), 1.0]:
+        ema = ema_update(ema, v, decay=0.9)
+        seen.append(ema)
+    # 1.0 -> 0.9*1 + 0.1*0 = 0.9 -> 0.9*0.9 + 0.1*2 = 1.01 -> NaN skipped: 1.01
+    # -> 0.9*1.01 + 0.1*1 = 1.009
+    assert seen == pytest.approx([1.0, 0.9, 1.01, 1.01, 1.009])
+
+
+def test_ema_edge_cases():
+    assert ema_update(None, 3.0) == 3.0
+    assert ema_update(None, float("nan")) is None
+    assert ema_update(2.0, float("inf")) == 2.0
+    assert ema_update(2.0, torch.tensor(4.0), decay=0.5) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="decay"):
+        ema_update(1.0, 1.0, decay=1.5)
+
+
+def test_collapse_metrics_keys_and_consistency():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(6, 3, 6, generator=g) * 5
+    lengths = torch.randint(1, 20, (6, 3), generator=g)
+    m = collapse_metrics(s, lengths=lengths, n_perm=16, seed=0)
+    expected = {
+        "mi", "mi_per_token", "mi_upper_bound", "mi_zscore", "mi_zscore_per_token",
+        "retrieval_acc", "retrieval_chance", "cond_entropy", "marginal_entropy",
+        "cond_entropy_per_token", "marginal_entropy_per_token",
+    }
+    assert set(m) == expected
+    assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+    seq = mi_from_scores(s)
+    tok = mi_from_scores(s, lengths=lengths, per_token=True)
+    assert m["mi"] == seq["mi"] and m["mi_per_token"] == tok["mi"]
+    assert m["cond_entropy_per_token"] == tok["cond_entropy"]
+    assert m["marginal_entropy_per_token"] == tok["marginal_entropy"]
+    assert m["mi_zscore"] == mi_zscore(s, n_perm=16, seed=0)["zscore"]
+    # Dividing a row by a positive length does not move its argmax.
+    assert tok["retrieval_acc"] == m["retrieval_acc"]
+
+
+def test_accepts_numpy_and_ignores_grad():
+    np = pytest.importorskip("numpy")
+    arr = [[[-1.0, -2.0]], [[-3.0, -1.0]]]
+    assert mi_from_scores(np.array(arr))["mi"] == pytest.approx(0.47305233, abs=1e-6)
+    t = torch.tensor(arr, requires_grad=True)
+    assert mi_from_scores(t)["mi"] == pytest.approx(0.47305233, abs=1e-6)
