@@ -1,0 +1,204 @@
+"""Policy-gradient losses: masked aggregation, PPO clipped surrogate, KL estimators, entropy, value loss.
+
+All per-token tensors are [B, T] with a `mask [B, T]` (bool or {0, 1} float) marking the tokens that
+count. Masked-out positions may hold anything (padding logits, -inf log-probs): they are replaced by 0
+before any reduction, so they never turn a loss into NaN.
+
+Usage:
+    per_token_logp = logp_from_logits(logits, token_ids)
+    loss, stats = policy_loss(per_token_logp, old_logp, token_adv, mask,
+                              clip_low=0.2, clip_high=0.28, agg="token-mean")
+"""
+from __future__ import annotations
+
+import torch
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x where mask is set, 0 elsewhere (a plain product would keep NaN/inf from padding)."""
+    return torch.where(mask.bool(), x, torch.zeros_like(x))
+
+
+def aggregate(
+    loss_mat: torch.Tensor, mask: torch.Tensor, *, mode: str, norm_len: float | None = None
+) -> torch.Tensor:
+    """Reduce a per-token loss to a scalar.
+
+    Args:
+        loss_mat: [B, T] float per-token loss.
+        mask: [B, T] bool or {0, 1} float.
+        mode: "token-mean": sum over masked tokens / number of masked tokens in the batch.
+            "seq-mean-token-mean": masked mean per row, then mean over rows with >= 1 masked token.
+            "seq-mean-token-sum": masked sum per row (divided by `norm_len` when given, Dr.GRPO's fixed
+            length constant), then mean over rows with >= 1 masked token.
+        norm_len: only for "seq-mean-token-sum".
+
+    Returns:
+        scalar tensor; 0 when no token is masked in.
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"aggregate: unknown mode {mode!r}; expected one of {AGG_MODES}")
+    if norm_len is not None and mode != "seq-mean-token-sum":
+        raise ValueError(f"aggregate: norm_len is only used by 'seq-mean-token-sum', got mode {mode!r}")
+    weights = mask.to(loss_mat.dtype)
+    masked_loss = _masked(loss_mat, mask) * weights
+    if mode == "token-mean":
+        return masked_loss.sum() / weights.sum().clamp_min(1.0)
+    row_tokens = weights.sum(dim=-1)  # [B]
+    row_sum = masked_loss.sum(dim=-1)  # [B]
+    if mode == "seq-mean-token-mean":
+        row_loss = row_sum / row_tokens.clamp_min(1.0)
+    else:
+        row_loss = row_sum / norm_len if norm_len is not None else row_sum
+    # Rows without tokens (e.g. fully truncated) would otherwise dilute the mean.
+    has_tokens = (row_tokens > 0).to(loss_mat.dtype)
+    return (row_loss * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Scalar mean of x over masked tokens; 0 if none."""
+    weights = mask.to(x.dtype)
+    return (_masked(x, mask) * weights).sum() / weights.sum().clamp_min(1.0)
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    agg: str,
+    norm_len: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO clipped surrogate with an asymmetric ratio range [1 - clip_low, 1 + clip_high].
+
+    Args:
+        logp: [B, T] per-token log-prob under the current policy (carries the gradient).
+        old_logp: [B, T] per-token log-prob under the rollout policy.
+        advantages: [B, T] per-token advantage.
+        mask: [B, T] response tokens to train on.
+        clip_low, clip_high: ratio clip distances below and above 1.
+        agg: aggregation mode, see `aggregate`; `norm_len` is passed through.
+
+    Returns:
+        (loss, stats): loss is a scalar; stats holds detached scalars `clipfrac` (fraction of masked
+        tokens where the clipped branch was the active maximum), `approx_kl` (mean of old_logp - logp),
+        `ratio_mean`.
+    """
+    log_ratio = _masked(logp - old_logp.detach(), mask)  # 0 on padding keeps exp() finite
+    ratio = torch.exp(log_ratio)
+    adv = _masked(advantages.detach(), mask)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token_loss = torch.maximum(unclipped, clipped)
+    loss = aggregate(per_token_loss, mask, mode=agg, norm_len=norm_len)
+    with torch.no_grad():
+        stats = {
+            "clipfrac": _masked_mean((clipped > unclipped).to(logp.dtype), mask),
+            "approx_kl": _masked_mean(-log_ratio, mask),
+            "ratio_mean": _masked_mean(ratio, mask),
+        }
+    return loss, stats
+
+
+def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, *, estimator: str) -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1 / k2 / k3).
+
+    With d = logp - ref_logp:
+        k1 = d                        (unbiased, high variance, can be negative)
+        k2 = 0.5 * d**2               (biased, low variance, >= 0)
+        k3 = exp(-d) - (-d) - 1       (unbiased, low variance, >= 0)
+
+    Args:
+        logp, ref_logp: [...] log-probs of the sampled tokens; any matching shape.
+
+    Returns:
+        [...] per-token estimate, same shape; mask and aggregate it with `aggregate`.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_penalty: unknown estimator {estimator!r}; expected one of {KL_ESTIMATORS}")
+    diff = logp - ref_logp
+    if estimator == "k1":
+        return diff
+    if estimator == "k2":
+        return 0.5 * diff**2
+    return torch.exp(-diff) + diff - 1.0
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of the softmax distribution per position.
+
+    Args:
+        logits: [B, T, V] float; -inf entries (banned tokens) are allowed.
+
+    Returns:
+        [B, T] float, H = -sum_v p_v log p_v with log p = logits - logsumexp(logits), computed by
+        log_softmax (max-shifted, so large logits lose no precision).
+    """
+    per_vocab_logp = torch.log_softmax(logits, dim=-1)
+    probs = per_vocab_logp.exp()
+    # 0 * log 0 is 0; zeroing log p first also keeps the backward pass free of NaN.
+    safe_logp = torch.where(probs > 0, per_vocab_logp, torch.zeros_like(per_vocab_logp))
+    return -(probs * safe_logp).sum(dim=-1)
+
+
+def logp_from_logits(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+    """Log-prob of given token ids.
+
+    Args:
+        logits: [B, T, V] float; position t scores token_ids[:, t] (shift before calling if the logits
+            at t predict token t + 1).
+        token_ids: [B, T] long.
+
+    Returns:
+        [B, T] float per-token log-prob.
+    """
+    # log_softmax shifts by the max first; gather(logits) - logsumexp(logits) would subtract two
+    # large numbers and lose float32 precision when logits are big.
+    per_vocab_logp = torch.log_softmax(logits, dim=-1)
+    return torch.gather(per_vocab_logp, -1, token_ids.unsqueeze(-1)).squeeze(-1)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    clip: float | None,
+    agg: str,
+    norm_len: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO value loss: 0.5 * max((v - R)^2, (v_clipped - R)^2), v_clipped = old + clamp(v - old, +-clip).
+
+    Args:
+        values: [B, T] current critic values (carries the gradient).
+        old_values: [B, T] critic values at rollout time.
+        returns: [B, T] regression targets.
+        mask: [B, T] tokens to train on.
+        clip: clip distance; None trains on the unclipped error only.
+        agg: aggregation mode, see `aggregate`; `norm_len` is passed through.
+
+    Returns:
+        (loss, stats): scalar loss; stats `vf_clipfrac` = fraction of masked tokens where the clipped
+        error was the larger one.
+    """
+    returns = returns.detach()
+    err_unclipped = (values - returns) ** 2
+    if clip is None:
+        err = err_unclipped
+        clipfrac = values.new_zeros(())
+    else:
+        old_values = old_values.detach()
+        values_clipped = old_values + torch.clamp(values - old_values, -clip, clip)
+        err_clipped = (values_clipped - returns) ** 2
+        err = torch.maximum(err_unclipped, err_clipped)
+        with torch.no_grad():
+            clipfrac = _masked_mean((err_clipped > err_unclipped).to(values.dtype), mask)
+    loss = 0.5 * aggregate(err, mask, mode=agg, norm_len=norm_len)
+    return loss, {"vf_clipfrac": clipfrac}
