@@ -1,5 +1,6 @@
 """The ``ragen2`` command.
 
+    ragen2 train --config FILE [--set key=value ...] [--tracking-uri URI] [--resume]
     ragen2 eval [--config FILE] [--set key=value ...] [--episodes N] [--sample] [--show K]
     ragen2 warmstart [--config FILE] [--set key=value ...]     # build / locate the cached embedded policy
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
+from pathlib import Path
 
 from ragen2_core.config import ConfigError, describe, dump_yaml, load_config
 
@@ -69,13 +72,44 @@ def cmd_eval(cfg, args) -> int:
     return 0
 
 
-COMMANDS = {"eval": cmd_eval, "warmstart": cmd_warmstart, "config": cmd_config}
+def cmd_train(cfg, args) -> int:
+    from ragen2_core.tracking import JsonlSink, StdoutSink, FanoutSink, MlflowSink
+    from ragen2_core.train.trainer import run
+
+    out = Path(cfg.train.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    run_file = out / "mlflow_run.json"
+    # A resumed run continues its own MLflow run, so the metric history stays one run.
+    run_id = json.loads(run_file.read_text())["run_id"] if cfg.train.resume and run_file.exists() else None
+    mlflow = MlflowSink(tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment,
+                        run_name=cfg.tracking.run_name, run_id=run_id)
+    atomic_write(run_file, json.dumps({"run_id": mlflow.run_id, "tracking_uri": mlflow.tracking_uri}))
+    sink = FanoutSink(StdoutSink(total_steps=cfg.train.steps), JsonlSink(out / "metrics.jsonl"), mlflow)
+    with sink:
+        result = run(cfg, sink)
+    print(f"done: eval/success {result.get('eval/success', float('nan')):.3f}; policy {result['policy_dir']}; "
+          f"MLflow run {mlflow.run_id} at {mlflow.tracking_uri} (browse: mlflow ui --backend-store-uri "
+          f"{mlflow.tracking_uri})")
+    return 0
+
+
+def atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+COMMANDS = {"train": cmd_train, "eval": cmd_eval, "warmstart": cmd_warmstart, "config": cmd_config}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ragen2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("train", help="train a policy with RL (PPO / GRPO / Dr.GRPO)")
+    _config_args(p)
+    p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite file mlflow.db here)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.output_dir")
     p = sub.add_parser("eval", help="run the policy on the validation seeds")
     _config_args(p)
     p.add_argument("--episodes", type=int, default=0, help="first N validation seeds (0 = all)")
@@ -88,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--describe", action="store_true")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        extra = [f"tracking.uri={args.tracking_uri}"] if getattr(args, "tracking_uri", None) else []
+        extra += ["train.resume=true"] if getattr(args, "resume", False) else []
+        cfg = load_config(args.config, list(args.overrides) + extra)
     except ConfigError as err:
         print(f"ragen2 {args.command}: invalid configuration:\n{err}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import hashlib
 import json
 import operator
 import os
+import re
 import types
 import typing
 from pathlib import Path
@@ -92,11 +93,16 @@ def _unknown(dotted: str, names: list[str], prefix: str) -> str:
     return f"unknown key '{dotted}' — valid keys{where}: {', '.join(names)}"
 
 
+_YAML11_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def _scalar(value, tp, meta, path, errors):
     # bool subclasses int in Python, but `group_size: true` is always a mistake in a config.
     ok = isinstance(value, tp) and not (isinstance(value, bool) and tp is not bool)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         value, ok = float(value), True  # canonical float keeps dumps and hashes stable
+    if tp is float and isinstance(value, str) and _YAML11_FLOAT.match(value):
+        value, ok = float(value), True  # PyYAML reads `1e-3` (no dot) as a string: YAML 1.1 rules
     if not ok:
         errors.append(f"{path}: expected {tp.__name__}, got {value!r} ({type(value).__name__}); {_FIX[tp]}")
         return _BAD

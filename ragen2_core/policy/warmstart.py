@@ -96,13 +96,18 @@ def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed
                     pad_id: int, log_every: int = 50) -> list[float]:
     """Cross-entropy on reply tokens only; AdamW with cosine decay. Returns the loss curve."""
     gen = torch.Generator().manual_seed(seed)
+    # Batches are drawn from a window of similar lengths: padding would otherwise cost ~40 %.
+    by_len = sorted(range(len(data)), key=lambda i: len(data[i][0]))
+    window = min(len(data), 4 * batch_size)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     model.train()
     losses, t0 = [], time.time()
     for step in range(steps):
-        idx = torch.randint(len(data), (batch_size,), generator=gen).tolist()
+        start = int(torch.randint(len(data) - window + 1, (1,), generator=gen))
+        pick = torch.randint(window, (batch_size,), generator=gen).tolist()
+        idx = [by_len[start + j] for j in pick]
         T = max(len(data[i][0]) for i in idx)
         ids = torch.full((batch_size, T), pad_id, dtype=torch.long)
         labels = torch.full((batch_size, T), -100, dtype=torch.long)
@@ -119,7 +124,7 @@ def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if log_every and (step % log_every == 0 or step == steps - 1):
             print(f"[warmstart] step {step + 1}/{steps} loss {loss.item():.4f} "
                   f"({time.time() - t0:.0f}s)", flush=True)

@@ -206,3 +206,11 @@ def test_every_field_has_help():
             if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory):
                 walk(f.default_factory)
     walk(TrainConfig)
+
+
+def test_scientific_notation_without_dot_is_a_float():
+    # PyYAML follows YAML 1.1, where `3e-3` is a string; configs write it that way all the time.
+    cfg = load_config({"algo": {"kl_coef": "1e-3"}}, ["warmstart.lr=3e-3"])
+    assert cfg.algo.kl_coef == 0.001 and cfg.warmstart.lr == 0.003
+    with pytest.raises(ConfigError, match="algo.kl_coef"):
+        load_config({"algo": {"kl_coef": "e-3"}})

@@ -1,0 +1,71 @@
+"""Checkpoints: atomic (temp dir + rename), the last k kept, resumable, plus the final HF export.
+
+Layout under ``train.output_dir``::
+
+    checkpoints/step_000010/{actor,critic}/...   DeepSpeed state (model, optimizer, scheduler)
+    checkpoints/step_000010/state.json           the step counter
+    policy/                                      save_pretrained export at the end
+
+A directory only ever appears under its final name once complete, so ``latest`` never sees a
+half-written checkpoint, whatever killed the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+PREFIX = "step_"
+
+
+def _root(out_dir: Path) -> Path:
+    root = Path(out_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def save(out_dir: Path, step: int, actor, critic, *, keep: int) -> Path:
+    root = _root(out_dir)
+    final = root / f"{PREFIX}{step:06d}"
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    try:
+        actor.save(tmp / "actor", tag="state")
+        if critic is not None:
+            critic.save(tmp / "critic", tag="state")
+        (tmp / "state.json").write_text(json.dumps({"step": step}))
+        if final.exists():  # a resumed run re-saving the same step
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(out_dir: Path) -> Path | None:
+    found = sorted((Path(out_dir) / "checkpoints").glob(f"{PREFIX}*"))
+    return found[-1] if found else None
+
+
+def load(path: Path, actor, critic) -> dict:
+    actor.load(path / "actor", tag="state")
+    if critic is not None:
+        critic.load(path / "critic", tag="state")
+    return json.loads((path / "state.json").read_text())
+
+
+def export_policy(actor, tokenizer, export_dir: Path) -> None:
+    """``save_pretrained`` of the trained policy (full fp32 weights), swapped in atomically."""
+    export_dir = Path(export_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=export_dir.parent))
+    try:
+        actor.module.save_pretrained(tmp, state_dict=actor.state_dict_for_export())
+        tokenizer.save_pretrained(tmp)
+        if export_dir.exists():
+            shutil.rmtree(export_dir)
+        os.replace(tmp, export_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

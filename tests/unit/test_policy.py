@@ -1,0 +1,102 @@
+"""Embedded tokenizer and policy: round trips, HF save/load, warm-start cache."""
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from ragen2_core.config import load_config
+from ragen2_core.envs.registry import make_env
+from ragen2_core.policy import warmstart
+from ragen2_core.policy.load import load_policy
+from ragen2_core.policy.model import build_tiny_qwen2
+from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
+from ragen2_core.rollout.engine import SamplingParams, rollout
+
+SYMBOLS = "#_OX√PSG"  # both envs' legends
+
+
+@pytest.fixture(scope="module")
+def tok():
+    texts = []
+    for name in ("frozenlake", "sokoban"):
+        env = make_env(name, slip=0.0)
+        for s in range(20):
+            texts.append(env.system_prompt() + env.reset(s))
+    return train_tokenizer(texts, vocab_size=400)
+
+
+def test_round_trip_every_symbol_and_tag(tok):
+    for text in list(SYMBOLS) + TAGS + ["<think>I am at (0, 1).</think><answer>Up || Left</answer>",
+                                        "##√S\n_PXO\n", "unseen wörds ✓ 12345"]:
+        assert tok.decode(tok.encode(text)) == text
+    for tag in TAGS:
+        assert len(tok.encode(tag)) == 1, tag
+
+
+def test_tags_stay_whole_inside_text(tok):
+    ids = tok.encode("x</think><answer>Up</answer>")
+    pieces = tok.convert_ids_to_tokens(ids)
+    assert "</think>" in pieces and "<answer>" in pieces and "</answer>" in pieces
+
+
+def test_saved_policy_loads_with_auto_classes_and_rolls_out(tok, tmp_path):
+    model = build_tiny_qwen2(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
+                             intermediate_size=64, seed=3)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).encode("Up || Left") == tok.encode("Up || Left")
+    # a local directory goes through the same path as a hub name would
+    cfg = load_config(None, [f"policy.model={tmp_path}"])
+    loaded, ltok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
+    assert str(path) == str(tmp_path) and ltok.padding_side == "left"
+    ids = torch.tensor([tok.encode("Board size")])
+    torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    batch = rollout(loaded, ltok, lambda: make_env("frozenlake", slip=0.0), env_seeds=[0],
+                    dynamics_seeds=[0], group_ids=[0], sampling=SamplingParams(max_new_tokens=4),
+                    generator=torch.Generator().manual_seed(0))
+    assert batch.n_turns[0] >= 1
+
+
+def test_tiny_model_is_seeded(tok):
+    kw = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    a, b, c = (build_tiny_qwen2(tok, seed=s, **kw) for s in (0, 0, 1))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+
+
+def tiny_cfg(tmp_path, *extra):
+    return load_config(None, [f"policy.cache_dir={tmp_path}", "policy.hidden_size=32",
+                              "policy.num_layers=1", "policy.num_heads=2", "policy.num_kv_heads=1",
+                              "policy.intermediate_size=64", "policy.vocab_size=300",
+                              "warmstart.steps=3", "warmstart.episodes=8", "warmstart.batch_size=4",
+                              *extra])
+
+
+def test_warmstart_cache_is_keyed_and_reused(tmp_path, monkeypatch):
+    cfg = tiny_cfg(tmp_path)
+    monkeypatch.setattr(warmstart, "TOKENIZER_EPISODES", 10)
+    path = warmstart.embedded_policy_path(cfg.policy, cfg.warmstart, cfg.env)
+    meta = json.loads((path / "ragen2_meta.json").read_text())
+    assert meta["warmstart"]["steps"] == 3 and meta["params"] > 0
+    assert AutoModelForCausalLM.from_pretrained(path).config.model_type == "qwen2"
+
+    def no_rebuild(*a, **k):
+        raise AssertionError("cache was not reused")
+    monkeypatch.setattr(warmstart, "build_embedded", no_rebuild)
+    assert warmstart.embedded_policy_path(cfg.policy, cfg.warmstart, cfg.env) == path
+    # slip and the chosen env do not shape the policy; the warm-start recipe does
+    same = tiny_cfg(tmp_path, "env.slip=0.5", "env.name=sokoban")
+    assert warmstart.cache_key(same.policy, same.warmstart, same.env) == path.name.split("-")[1]
+    other = tiny_cfg(tmp_path, "warmstart.grounded_frac=0.25")
+    assert warmstart.cache_key(other.policy, other.warmstart, other.env) != path.name.split("-")[1]
+
+
+def test_expert_traces_mix_grounded_and_template():
+    cfg = load_config(None, ["warmstart.grounded_frac=0.5", "warmstart.envs=[frozenlake]"])
+    episodes = warmstart._traces(cfg.warmstart, cfg.env, 200, seed_base=0)
+    env = make_env("frozenlake", slip=0.0)
+    env.reset(0)
+    fixed = env.expert_turn("template").think
+    n_template = sum(ep[0][1].startswith(fixed) for ep in episodes)
+    assert 70 <= n_template <= 130  # Binomial(200, 0.5): mean 100, sd ~7
