@@ -8,7 +8,7 @@ per-turn token budget, one process, the three ways run back to back:
 The last line printed is one JSON object; ``ratio`` = naive time / our time (goal >= 8) and
 ``ratio_vs_hf_batched`` = batched-HF time / our time (goal >= 1.3).
 
-    python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--config FILE]
+    python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--config FILE] [--set k=v ...]
 """
 from __future__ import annotations
 
@@ -67,13 +67,14 @@ def timed(fn):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=None)
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--episodes", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="best of N for each way")
     ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    cfg = load_config(args.config, ["env.name=frozenlake"])
+    cfg = load_config(args.config, ["env.name=frozenlake", *args.overrides])
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     model.eval()
     make_env = env_factory(cfg.env)

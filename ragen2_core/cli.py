@@ -73,11 +73,14 @@ def cmd_eval(cfg, args) -> int:
 
 
 def cmd_train(cfg, args) -> int:
-    from ragen2_core.tracking import JsonlSink, StdoutSink, FanoutSink, MlflowSink
+    from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
     from ragen2_core.train.trainer import run
 
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 reports
+        run(cfg, MemorySink())
+        return 0
     run_file = out / "mlflow_run.json"
     # A resumed run continues its own MLflow run, so the metric history stays one run.
     run_id = json.loads(run_file.read_text())["run_id"] if cfg.train.resume and run_file.exists() else None

@@ -17,6 +17,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+
 PREFIX = "step_"
 
 
@@ -26,22 +28,31 @@ def _root(out_dir: Path) -> Path:
     return root
 
 
-def save(out_dir: Path, step: int, actor, critic, *, keep: int) -> Path:
+def _barrier() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+
+
+def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0) -> Path:
+    """Every rank writes its DeepSpeed shard into one temp dir; rank 0 renames it into place."""
     root = _root(out_dir)
     final = root / f"{PREFIX}{step:06d}"
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-    try:
-        actor.save(tmp / "actor", tag="state")
-        if critic is not None:
-            critic.save(tmp / "critic", tag="state")
+    tmp = root / f".tmp-{PREFIX}{step:06d}"  # a fixed name, so all ranks write to the same place
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _barrier()
+    actor.save(tmp / "actor", tag="state")
+    if critic is not None:
+        critic.save(tmp / "critic", tag="state")
+    _barrier()
+    if rank == 0:
         (tmp / "state.json").write_text(json.dumps({"step": step}))
         if final.exists():  # a resumed run re-saving the same step
             shutil.rmtree(final)
         os.replace(tmp, final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        for old in sorted(root.glob(f"{PREFIX}*"))[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
     return final
 
 
@@ -57,12 +68,17 @@ def load(path: Path, actor, critic) -> dict:
     return json.loads((path / "state.json").read_text())
 
 
-def export_policy(actor, tokenizer, export_dir: Path) -> None:
-    """``save_pretrained`` of the trained policy (full fp32 weights), swapped in atomically."""
+def export_policy(actor, tokenizer, export_dir: Path, *, rank: int = 0) -> None:
+    """``save_pretrained`` of the trained policy (full fp32 weights), swapped in atomically.
+
+    Every rank must call this (ZeRO-3 gathers the weights collectively); rank 0 writes."""
+    state = actor.state_dict_for_export()
+    if rank != 0:
+        return
     export_dir = Path(export_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=export_dir.parent))
     try:
-        actor.module.save_pretrained(tmp, state_dict=actor.state_dict_for_export())
+        actor.module.save_pretrained(tmp, state_dict=state)
         tokenizer.save_pretrained(tmp)
         if export_dir.exists():
             shutil.rmtree(export_dir)

@@ -35,9 +35,9 @@ from ragen2_core.tracking import run_tags, git_sha
 from ragen2_core.types import RolloutBatch
 
 
-def step_rng(seed: int, step: int, stream: int) -> np.random.Generator:
-    """Independent, reproducible randomness per (seed, step, purpose)."""
-    return np.random.default_rng([seed, step, stream])
+def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Generator:
+    """Independent, reproducible randomness per (seed, step, purpose, data-parallel rank)."""
+    return np.random.default_rng([seed, step, stream, rank])
 
 
 def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def run(cfg, sink) -> dict:
         torch.set_num_threads(cfg.train.threads)
     seed = cfg.train.seed
     random.seed(seed), np.random.seed(seed), torch.manual_seed(seed)
-    init_distributed()
+    rank, world = init_distributed()  # under torchrun each rank rolls out its own groups
     out_dir = Path(cfg.train.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     algo, fcfg, rcfg = cfg.algo, cfg.filter, cfg.rollout
@@ -108,7 +108,7 @@ def run(cfg, sink) -> dict:
     for step in range(start_step, cfg.train.steps):
         t_step = time.perf_counter()
         # ============================================================ rollout
-        rng = step_rng(seed, step, 0)
+        rng = step_rng(seed, step, 0, rank)
         group_seeds = rng.integers(0, cfg.env.val_seed_start, rcfg.n_groups).tolist()
         env_seeds = [s for s in group_seeds for _ in range(rcfg.group_size)]
         dyn_seeds = rng.integers(0, 2**31 - 1, n_rows).tolist()
@@ -140,7 +140,7 @@ def run(cfg, sink) -> dict:
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ eval
-        if cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps):
+        if rank == 0 and cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps):
             t0 = time.perf_counter()
             stats, eval_batch = evaluate(actor.module, tok, make_env, seeds=val_seeds(cfg.env),
                                          sampling=eval_sampling, seed=seed)
@@ -152,14 +152,15 @@ def run(cfg, sink) -> dict:
 
         # ============================================================ checkpoint
         if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0:
-            checkpoint.save(out_dir, step, actor, critic, keep=cfg.train.keep_checkpoints)
+            checkpoint.save(out_dir, step, actor, critic, keep=cfg.train.keep_checkpoints, rank=rank)
 
     # ================================================================ export
     export_dir = out_dir / "policy"
-    checkpoint.export_policy(actor, tok, export_dir)
+    checkpoint.export_policy(actor, tok, export_dir, rank=rank)
     sink.log_artifact(export_dir, "policy")
     result = {"steps": cfg.train.steps, "policy_dir": str(export_dir), **metrics, **last_eval}
-    (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=float))
+    if rank == 0:
+        (out_dir / "result.json").write_text(json.dumps(result, indent=2, default=float))
     return result
 
 
@@ -206,7 +207,7 @@ def update(batch: RolloutBatch, actor, critic, reference, tok, cfg, step: int, m
     logs: dict[str, list[float]] = {}
     B = len(batch)
     for epoch in range(algo.ppo_epochs):
-        order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch).permutation(B))
+        order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B))
         for mb in torch.tensor_split(order, algo.mini_batches):
             for rows in torch.tensor_split(mb, cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
@@ -218,8 +219,9 @@ def update(batch: RolloutBatch, actor, critic, reference, tok, cfg, step: int, m
                 logp = logp_from_logits(logits, t["input_ids"][rows, 1:])
                 pg, pg_stats = policy_loss(logp, old_logp[rows], advantages[rows], m,
                                            clip_low=algo.clip_low, clip_high=algo.clip_high, agg=algo.loss_agg)
-                entropy = aggregate(entropy_from_logits(logits), m, mode=algo.loss_agg)
-                loss = pg - algo.entropy_coef * entropy
+                loss = pg
+                if algo.entropy_coef:  # actor/entropy is logged from the rollout pass either way
+                    loss = loss - algo.entropy_coef * aggregate(entropy_from_logits(logits), m, mode=algo.loss_agg)
                 if reference is not None and algo.kl_placement == "in_loss":
                     kl_now = kl_penalty(logp, ref_logp[rows], estimator=algo.kl_estimator)
                     loss = loss + algo.kl_coef * aggregate(kl_now, m, mode=algo.loss_agg)
@@ -235,7 +237,7 @@ def update(batch: RolloutBatch, actor, critic, reference, tok, cfg, step: int, m
                                                clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * weight)
                     critic.step()
-                    logs.setdefault("critic/value_loss", []).append(float(vloss))
+                    logs.setdefault("critic/value_loss", []).append(float(vloss.detach()))
                     logs.setdefault("critic/vf_clipfrac", []).append(float(vstats["vf_clipfrac"]))
             logs.setdefault("actor/grad_norm", []).append(actor.grad_norm())
     out = {k: float(np.mean(v)) for k, v in logs.items()}
