@@ -365,7 +365,7 @@ class PolicyConfig:
     num_heads: int = opt(4, "embedded architecture: attention heads", ge=1)
     num_kv_heads: int = opt(2, "embedded architecture: key/value heads (grouped-query attention)", ge=1)
     intermediate_size: int = opt(384, "embedded architecture: MLP width", ge=1)
-    vocab_size: int = opt(512, "embedded tokenizer's BPE vocabulary size", ge=64, le=65536)
+    vocab_size: int = opt(1024, "embedded tokenizer's BPE vocabulary size", ge=64, le=65536)
     cache_dir: str = opt("~/.cache/ragen2", "where the embedded model and warm starts are cached")
 
     def check(self) -> list[str]:

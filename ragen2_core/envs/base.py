@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 RESPONSE_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 ACTION_SEP = "||"
+NO_ACTION_LINE = "No valid action was given; the state is unchanged."
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,7 @@ class TextEnv(ABC):
         self.max_actions_per_turn = max_actions_per_turn
         self.max_actions = max_actions
         self.format_penalty = format_penalty
+        self._turn, self._n_actions, self._done = 0, 0, True  # step() needs a reset() first
 
     @abstractmethod
     def system_prompt(self) -> str:
@@ -76,9 +78,38 @@ class TextEnv(ABC):
         ``dynamics_seed`` seeds the slip noise separately, so rollouts of one group share the map
         but not their slips; None derives it from ``seed``."""
 
-    @abstractmethod
     def step(self, response: str) -> StepResult:
         """Apply one reply (think + answer). Never raises on malformed text."""
+        if self._done:
+            raise RuntimeError("episode is over; call reset() first")
+        parsed = parse_response(response, self.action_names, self.max_actions_per_turn)
+        self._turn += 1
+        reward = 0.0 if parsed.format_valid else self.format_penalty
+        executed, reason = [], None
+        for action in parsed.actions[:self.actions_left]:
+            r, reason = self._apply(action)
+            reward += r
+            executed.append(action)
+            self._n_actions += 1
+            if reason:
+                break
+        if reason is None and self.actions_left == 0:
+            reason = "budget"
+        if reason is None and self._turn >= self.max_turns:
+            reason = "turns"
+        self._done = reason is not None
+        obs = self.render() if executed else f"{NO_ACTION_LINE}\n{self.render()}"
+        info = dict(format_valid=parsed.format_valid, actions=executed, n_actions_executed=len(executed),
+                    turn=self._turn, terminated_reason=reason)
+        return StepResult(obs, round(reward, 6), self._done, reason == "success", info)
+
+    @abstractmethod
+    def _apply(self, action: str) -> tuple[float, str | None]:
+        """Execute one canonical action: (reward, end reason "success" | "hole" | None)."""
+
+    @abstractmethod
+    def render(self) -> str:
+        """The current observation text."""
 
     @abstractmethod
     def expert_turn(self, style: str) -> ExpertTurn:
@@ -87,6 +118,6 @@ class TextEnv(ABC):
         (generic text independent of the observation)."""
 
     @property
-    @abstractmethod
     def actions_left(self) -> int:
         """Actions remaining in the episode budget."""
+        return self.max_actions - self._n_actions

@@ -12,11 +12,10 @@ from collections import deque
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
-from .base import ExpertTurn, StepResult, TextEnv, parse_response
+from .base import ExpertTurn, TextEnv
 
 Pos = tuple[int, int]
 
-NO_ACTION_LINE = "No valid action was given; the state is unchanged."
 TEMPLATE_THINK = "Let me think about the moves that reach the goal safely."
 # Gymnasium's action order: index = action id.
 ACTIONS = ["Left", "Down", "Right", "Up"]
@@ -50,7 +49,6 @@ class FrozenLakeEnv(TextEnv):
         self.size, self.p_frozen, self.min_path_len = size, p_frozen, min_path_len
         self._fixed: list[str] | None = None  # set by from_grid: reset() then reuses this board
         self._gym: _GymFrozenLake | None = None
-        self._turn, self._n_actions, self._done = 0, 0, True  # step() needs a reset() first
 
     @classmethod
     def from_grid(cls, lines: list[str], **kwargs) -> FrozenLakeEnv:
@@ -110,39 +108,11 @@ class FrozenLakeEnv(TextEnv):
     def player(self) -> Pos:
         return divmod(int(self._gym.s), self.cols)
 
-    @property
-    def actions_left(self) -> int:
-        return self.max_actions - self._n_actions
-
     def _apply(self, action: str) -> tuple[float, str | None]:
         _, reward, terminated, _, _ = self._gym.step(ACTIONS.index(action))
         if terminated:
             return float(reward), "success" if self.player == self.goal else "hole"
         return float(reward), None
-
-    def step(self, response: str) -> StepResult:
-        if self._done:
-            raise RuntimeError("episode is over; call reset() first")
-        parsed = parse_response(response, self.action_names, self.max_actions_per_turn)
-        self._turn += 1
-        reward = 0.0 if parsed.format_valid else self.format_penalty
-        executed, reason = [], None
-        for action in parsed.actions[:self.actions_left]:
-            r, reason = self._apply(action)
-            reward += r
-            executed.append(action)
-            self._n_actions += 1
-            if reason:
-                break
-        if reason is None and self.actions_left == 0:
-            reason = "budget"
-        if reason is None and self._turn >= self.max_turns:
-            reason = "turns"
-        self._done = reason is not None
-        obs = self.render() if executed else f"{NO_ACTION_LINE}\n{self.render()}"
-        info = dict(format_valid=parsed.format_valid, actions=executed, n_actions_executed=len(executed),
-                    turn=self._turn, terminated_reason=reason)
-        return StepResult(obs, round(reward, 6), self._done, reason == "success", info)
 
     # ---- text ------------------------------------------------------------------------------
 
@@ -189,8 +159,10 @@ class FrozenLakeEnv(TextEnv):
         actions = (plan if plan is not None else self._safe_moves())[:k]
         if style == "template":
             return ExpertTurn(TEMPLATE_THINK, actions)
-        here = f"I am at {_fmt([self.player])}. Goal is at {_fmt([self.goal])}."
-        nxt = ", ".join(actions) or "none"
+        # The reasoning reuses the observation's own keys ("Player: (r, c)"), so copying a position
+        # is the plain "same key, same value" lookup that small transformers learn first.
+        here = f"Player: {_fmt([self.player])}. Goal: {_fmt([self.goal])}."
+        nxt = " || ".join(actions) or "none"
         if plan is None:
             return ExpertTurn(f"{here} No safe path found. Next: {nxt}.", actions)
         path = " ".join(_fmt([cell]) for cell in self._cells(plan)) or "done"

@@ -11,12 +11,11 @@ from collections import deque
 
 import numpy as np
 
-from .base import ExpertTurn, StepResult, TextEnv, parse_response
+from .base import ExpertTurn, TextEnv
 
 Pos = tuple[int, int]
 Boxes = frozenset[Pos]
 
-NO_ACTION_LINE = "No valid action was given; the state is unchanged."
 TEMPLATE_THINK = "Let me think about the moves that push the box onto the target."
 ACTIONS = ["Up", "Down", "Left", "Right"]
 _DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
@@ -98,7 +97,6 @@ class SokobanEnv(TextEnv):
         self.size, self.num_boxes = size, num_boxes
         self.search_depth, self.max_solution_len = search_depth, max_solution_len
         self._fixed: tuple | None = None  # set by from_grid: reset() then reuses this board
-        self._turn, self._n_actions, self._done = 0, 0, True  # step() needs a reset() first
 
     @classmethod
     def from_grid(cls, lines: list[str], **kwargs) -> SokobanEnv:
@@ -183,10 +181,6 @@ class SokobanEnv(TextEnv):
         self._turn, self._n_actions, self._done = 0, 0, False
         return self.render()
 
-    @property
-    def actions_left(self) -> int:
-        return self.max_actions - self._n_actions
-
     def _apply(self, action: str) -> tuple[float, str | None]:
         if self.slip > 0 and self._dyn.random() < self.slip:
             action = _PERPENDICULAR[action][int(self._dyn.integers(2))]
@@ -198,30 +192,6 @@ class SokobanEnv(TextEnv):
         if self.boxes <= self.targets:
             return reward + SOLVED_REWARD, "success"
         return reward, None
-
-    def step(self, response: str) -> StepResult:
-        if self._done:
-            raise RuntimeError("episode is over; call reset() first")
-        parsed = parse_response(response, self.action_names, self.max_actions_per_turn)
-        self._turn += 1
-        reward = 0.0 if parsed.format_valid else self.format_penalty
-        executed, reason = [], None
-        for action in parsed.actions[:self.actions_left]:
-            r, reason = self._apply(action)
-            reward += r
-            executed.append(action)
-            self._n_actions += 1
-            if reason:
-                break
-        if reason is None and self.actions_left == 0:
-            reason = "budget"
-        if reason is None and self._turn >= self.max_turns:
-            reason = "turns"
-        self._done = reason is not None
-        obs = self.render() if executed else f"{NO_ACTION_LINE}\n{self.render()}"
-        info = dict(format_valid=parsed.format_valid, actions=executed, n_actions_executed=len(executed),
-                    turn=self._turn, terminated_reason=reason)
-        return StepResult(obs, round(reward, 6), self._done, reason == "success", info)
 
     # ---- text ------------------------------------------------------------------------------
 
@@ -270,10 +240,9 @@ class SokobanEnv(TextEnv):
         actions = (plan if plan is not None else self._some_move())[:k]
         if style == "template":
             return ExpertTurn(TEMPLATE_THINK, actions)
-        many = len(self.boxes) > 1
-        here = (f"I am at {_fmt([self.player])}. {'Boxes' if many else 'Box'} at {_fmt(self.boxes)}. "
-                f"{'Targets' if many else 'Target'} at {_fmt(self.targets)}.")
-        nxt = ", ".join(actions) or "none"
+        # Same keys as the observation, so copying a position is a "same key, same value" lookup.
+        here = f"Player: {_fmt([self.player])}. Boxes: {_fmt(self.boxes)}. Targets: {_fmt(self.targets)}."
+        nxt = " || ".join(actions) or "none"
         if plan is None:
             return ExpertTurn(f"{here} No plan solves this room. Next: {nxt}.", actions)
         return ExpertTurn(f"{here} Plan: {' '.join(plan) or 'done'}. Next: {nxt}.", actions)

@@ -35,7 +35,7 @@ from ragen2_core.policy.tokenizer import train_tokenizer
 from ragen2_core.rollout.prompt import first_chunk, next_chunk
 
 # Bump when env text, prompt format or trace style changes: cached policies would be stale.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 3
 TOKENIZER_EPISODES = 400      # expert episodes per env that the BPE is trained on
 REPLY_BUDGET = 96             # the budget number the expert prompts show (rollout.max_new_tokens)
 

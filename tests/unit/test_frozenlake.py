@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from ragen2_core.envs.frozenlake import ACTIONS, NO_ACTION_LINE, FrozenLakeEnv
+from ragen2_core.envs.base import NO_ACTION_LINE
+from ragen2_core.envs.frozenlake import ACTIONS, FrozenLakeEnv
 
 BOARD = ["_P__",
          "_O__",
@@ -161,8 +162,8 @@ def test_invalid_turn_leaves_the_state_unchanged():
 def test_grounded_expert_names_the_position_and_carries_the_path():
     env = FrozenLakeEnv.from_grid(BOARD)
     turn = env.expert_turn("grounded")
-    assert turn.think == ("I am at (0, 1). Goal is at (3, 2). "
-                          "Path: (0, 2) (1, 2) (2, 2) (3, 2). Next: Right, Down.")
+    assert turn.think == ("Player: (0, 1). Goal: (3, 2). "
+                          "Path: (0, 2) (1, 2) (2, 2) (3, 2). Next: Right || Down.")
     assert turn.actions == ["Right", "Down"]
     with pytest.raises(ValueError):
         env.expert_turn("verbose")

@@ -3,7 +3,8 @@ import math
 
 import pytest
 
-from ragen2_core.envs.sokoban import ACTIONS, NO_ACTION_LINE, SokobanEnv
+from ragen2_core.envs.base import NO_ACTION_LINE
+from ragen2_core.envs.sokoban import ACTIONS, SokobanEnv
 
 ROOM = ["######",
         "#_P__#",
@@ -154,8 +155,8 @@ def test_invalid_turn_leaves_the_state_unchanged():
 def test_grounded_expert_carries_the_plan():
     env = SokobanEnv.from_grid(ROOM)
     turn = env.expert_turn("grounded")
-    assert turn.think == ("I am at (1, 2). Box at (2, 3). Target at (3, 3). "
-                          "Plan: Right Down. Next: Right, Down.")
+    assert turn.think == ("Player: (1, 2). Boxes: (2, 3). Targets: (3, 3). "
+                          "Plan: Right Down. Next: Right || Down.")
     assert turn.actions == ["Right", "Down"]
     with pytest.raises(ValueError):
         env.expert_turn("nope")
