@@ -387,7 +387,7 @@ class WarmStartConfig:
     episodes: int = opt(2000, "expert episodes generated per environment", ge=1)
     steps: int = opt(1500, "optimizer steps", ge=1)
     batch_size: int = opt(32, "traces per optimizer step", ge=1)
-    lr: float = opt(1e-3, "learning rate", gt=0)
+    lr: float = opt(2e-3, "peak learning rate (50-step warmup, cosine decay)", gt=0)
     seed: int = opt(0, "seed for trace generation and shuffling")
 
     def check(self) -> list[str]:

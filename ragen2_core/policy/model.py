@@ -7,8 +7,13 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+import json
+from pathlib import Path
 
+from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config,
+                          Qwen2ForCausalLM)
+
+EMBEDDED_MARKER = "ragen2_meta.json"  # written beside every embedded policy
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -34,12 +39,25 @@ def load_pretrained(name_or_path: str, *, dtype: str = "float32"):
 
     A tokenizer without a pad token gets its eos as pad; padding goes on the left because the
     rollout engine appends generated tokens on the right."""
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if (Path(name_or_path) / EMBEDDED_MARKER).exists():
+        # AutoTokenizer would see model_type "qwen2" in config.json and impose Qwen2's own
+        # pre-tokenizer on our tokenizer.json, silently changing every encoding.
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
     return model, tokenizer
+
+
+def save_policy(model, tokenizer, directory, meta: dict, state_dict: dict | None = None) -> None:
+    """``save_pretrained`` of both, plus the marker that makes ``load_pretrained`` read our
+    tokenizer.json exactly as written. ``state_dict`` overrides the model's own (ZeRO export)."""
+    model.save_pretrained(directory, **({"state_dict": state_dict} if state_dict is not None else {}))
+    tokenizer.save_pretrained(directory)
+    (Path(directory) / EMBEDDED_MARKER).write_text(json.dumps(meta, indent=2, default=str))
 
 
 def count_parameters(model: torch.nn.Module) -> int:

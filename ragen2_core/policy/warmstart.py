@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from ragen2_core.envs.registry import env_factory
-from ragen2_core.policy.model import build_tiny_qwen2, count_parameters
+from ragen2_core.policy.model import EMBEDDED_MARKER, build_tiny_qwen2, count_parameters, save_policy
 from ragen2_core.policy.tokenizer import train_tokenizer
 from ragen2_core.rollout.prompt import first_chunk, next_chunk
 
@@ -157,9 +157,7 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
         meta |= {"final_loss": sum(losses[-20:]) / len(losses[-20:]),
                  "mean_tokens": sum(len(d[0]) for d in data) / len(data)}
     meta["build_seconds"] = round(time.time() - t0, 1)
-    model.save_pretrained(out_dir)
-    tok.save_pretrained(out_dir)
-    (out_dir / "ragen2_meta.json").write_text(json.dumps(meta, indent=2))
+    save_policy(model, tok, out_dir, meta)
     return meta
 
 
@@ -168,11 +166,11 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg) -> Path:
     root = Path(os.path.expanduser(policy_cfg.cache_dir))
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
-    if (final / "ragen2_meta.json").exists():
+    if (final / EMBEDDED_MARKER).exists():
         return final
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / "ragen2_meta.json").exists():  # built by another process while we waited
+        if (final / EMBEDDED_MARKER).exists():  # built by another process while we waited
             return final
         print(f"[warmstart] building embedded policy -> {final}", flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))

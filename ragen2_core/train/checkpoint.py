@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ragen2_core.policy.model import save_policy
+
 PREFIX = "step_"
 
 
@@ -78,8 +80,7 @@ def export_policy(actor, tokenizer, export_dir: Path, *, rank: int = 0) -> None:
     export_dir = Path(export_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=export_dir.parent))
     try:
-        actor.module.save_pretrained(tmp, state_dict=state)
-        tokenizer.save_pretrained(tmp)
+        save_policy(actor.module, tokenizer, tmp, {"exported_by": "ragen2 train"}, state_dict=state)
         if export_dir.exists():
             shutil.rmtree(export_dir)
         os.replace(tmp, export_dir)

@@ -3,13 +3,14 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
 
 from ragen2_core.config import load_config
 from ragen2_core.envs.registry import make_env
 from ragen2_core.policy import warmstart
 from ragen2_core.policy.load import load_policy
-from ragen2_core.policy.model import build_tiny_qwen2
+from ragen2_core.policy.model import build_tiny_qwen2, save_policy
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
 from ragen2_core.rollout.engine import SamplingParams, rollout
 
@@ -43,13 +44,17 @@ def test_tags_stay_whole_inside_text(tok):
 def test_saved_policy_loads_with_auto_classes_and_rolls_out(tok, tmp_path):
     model = build_tiny_qwen2(tok, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
                              intermediate_size=64, seed=3)
-    model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
-    assert AutoTokenizer.from_pretrained(tmp_path).encode("Up || Left") == tok.encode("Up || Left")
+    save_policy(model, tok, tmp_path, {"note": "test"})
     # a local directory goes through the same path as a hub name would
     cfg = load_config(None, [f"policy.model={tmp_path}"])
     loaded, ltok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     assert str(path) == str(tmp_path) and ltok.padding_side == "left"
+    # The loaded tokenizer encodes exactly as trained (AutoTokenizer alone would swap in Qwen2's
+    # pre-tokenizer because config.json says qwen2, and split every coordinate differently).
+    env = make_env("sokoban", slip=0.0)
+    text = env.system_prompt() + env.reset(3) + env.expert_turn("grounded").think
+    raw = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert ltok.encode(text) == tok.encode(text) == raw.encode(text).ids
     ids = torch.tensor([tok.encode("Board size")])
     torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
     batch = rollout(loaded, ltok, lambda: make_env("frozenlake", slip=0.0), env_seeds=[0],
