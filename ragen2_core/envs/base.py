@@ -111,11 +111,34 @@ class TextEnv(ABC):
     def render(self) -> str:
         """The current observation text."""
 
-    @abstractmethod
     def expert_turn(self, style: str) -> ExpertTurn:
         """Optimal next actions from the current state (exact BFS solver, re-planned every turn) with
         reasoning in ``style`` 'grounded' (names positions and carries the plan) or 'template'
         (generic text independent of the observation)."""
+        if style not in ("grounded", "template"):
+            raise ValueError(f"unknown style {style!r}; choose 'grounded' or 'template'")
+        plan = self.solve()
+        k = min(self.max_actions_per_turn, self.actions_left)
+        actions = (plan if plan is not None else self._fallback_move())[:k]
+        if style == "template":
+            return ExpertTurn(self.template_think, actions)
+        return ExpertTurn(self._grounded_think(plan, " || ".join(actions) or "none"), actions)
+
+    template_think: str  # the one observation-independent reasoning sentence of this env
+
+    @abstractmethod
+    def solve(self) -> list[str] | None:
+        """Shortest action list from the current state, or None when none exists."""
+
+    @abstractmethod
+    def _fallback_move(self) -> list[str]:
+        """One move that changes the state, for when no plan exists."""
+
+    @abstractmethod
+    def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
+        """Reasoning that reuses the observation's own keys ("Player: (r, c)"), so copying a
+        position is the plain "same key, same value" lookup small transformers learn first, and
+        carries the remaining plan as a scratchpad."""
 
     @property
     def actions_left(self) -> int:

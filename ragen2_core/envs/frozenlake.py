@@ -12,7 +12,7 @@ from collections import deque
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
-from .base import ExpertTurn, TextEnv
+from .base import TextEnv
 
 Pos = tuple[int, int]
 
@@ -33,6 +33,7 @@ class FrozenLakeEnv(TextEnv):
     """Reach the goal without falling into a hole; reward 1 at the goal, 0 otherwise."""
 
     name = "frozenlake"
+    template_think = TEMPLATE_THINK
     action_names = ACTIONS
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
@@ -151,22 +152,12 @@ class FrozenLakeEnv(TextEnv):
             return None
         return _bfs(self.rows, self.cols, self.holes, self.player, self.goal)
 
-    def expert_turn(self, style: str) -> ExpertTurn:
-        if style not in ("grounded", "template"):
-            raise ValueError(f"unknown style {style!r}; choose 'grounded' or 'template'")
-        k = min(self.max_actions_per_turn, self.actions_left)
-        plan = self.solve()
-        actions = (plan if plan is not None else self._safe_moves())[:k]
-        if style == "template":
-            return ExpertTurn(TEMPLATE_THINK, actions)
-        # The reasoning reuses the observation's own keys ("Player: (r, c)"), so copying a position
-        # is the plain "same key, same value" lookup that small transformers learn first.
+    def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
         here = f"Player: {_fmt([self.player])}. Goal: {_fmt([self.goal])}."
-        nxt = " || ".join(actions) or "none"
         if plan is None:
-            return ExpertTurn(f"{here} No safe path found. Next: {nxt}.", actions)
+            return f"{here} No safe path found. Next: {next_actions}."
         path = " ".join(_fmt([cell]) for cell in self._cells(plan)) or "done"
-        return ExpertTurn(f"{here} Path: {path}. Next: {nxt}.", actions)
+        return f"{here} Path: {path}. Next: {next_actions}."
 
     def _cells(self, plan: list[str]) -> list[Pos]:
         cells, (r, c) = [], self.player
@@ -175,7 +166,7 @@ class FrozenLakeEnv(TextEnv):
             cells.append((r, c))
         return cells
 
-    def _safe_moves(self) -> list[str]:
+    def _fallback_move(self) -> list[str]:
         # No plan: prefer a move that changes position without entering a hole.
         for action in ACTIONS:
             nxt = _move(self.rows, self.cols, self.player, action)

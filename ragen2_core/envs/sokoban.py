@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from .base import ExpertTurn, TextEnv
+from .base import TextEnv
 
 Pos = tuple[int, int]
 Boxes = frozenset[Pos]
@@ -81,6 +81,7 @@ class SokobanEnv(TextEnv):
     """Push the box onto the target: -0.1 per move, +1 / -1 box on / off target, +10 solved."""
 
     name = "sokoban"
+    template_think = TEMPLATE_THINK
     action_names = ACTIONS
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
@@ -232,22 +233,13 @@ class SokobanEnv(TextEnv):
         """Shortest action list from the current state, or None when the room is stuck."""
         return solve(self.floor, self.targets, self.player, self.boxes)
 
-    def expert_turn(self, style: str) -> ExpertTurn:
-        if style not in ("grounded", "template"):
-            raise ValueError(f"unknown style {style!r}; choose 'grounded' or 'template'")
-        k = min(self.max_actions_per_turn, self.actions_left)
-        plan = self.solve()
-        actions = (plan if plan is not None else self._some_move())[:k]
-        if style == "template":
-            return ExpertTurn(TEMPLATE_THINK, actions)
-        # Same keys as the observation, so copying a position is a "same key, same value" lookup.
+    def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
         here = f"Player: {_fmt([self.player])}. Boxes: {_fmt(self.boxes)}. Targets: {_fmt(self.targets)}."
-        nxt = " || ".join(actions) or "none"
         if plan is None:
-            return ExpertTurn(f"{here} No plan solves this room. Next: {nxt}.", actions)
-        return ExpertTurn(f"{here} Plan: {' '.join(plan) or 'done'}. Next: {nxt}.", actions)
+            return f"{here} No plan solves this room. Next: {next_actions}."
+        return f"{here} Plan: {' '.join(plan) or 'done'}. Next: {next_actions}."
 
-    def _some_move(self) -> list[str]:
+    def _fallback_move(self) -> list[str]:
         # Stuck room: any move that changes the state, so the turn is at least a legal one.
         for action in ACTIONS:
             if _move(self.floor, self.player, self.boxes, action)[:2] != (self.player, self.boxes):

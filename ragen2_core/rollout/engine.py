@@ -133,10 +133,10 @@ def think_span(reply: list[int], think_close_id: int | None, tokenizer) -> tuple
     if think_close_id is not None:
         end = reply.index(think_close_id) if think_close_id in reply else len(reply)
         return 0, end
+    tag_len = len(tokenizer.encode("</think>", add_special_tokens=False))
     for end in range(len(reply) + 1):  # multi-token tag: first prefix whose text closes the think
         if "</think>" in tokenizer.decode(reply[:end]):
-            text_ids = tokenizer.encode("</think>", add_special_tokens=False)
-            return 0, max(0, end - len(text_ids))
+            return 0, max(0, end - tag_len)
     return 0, len(reply)
 
 
