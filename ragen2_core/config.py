@@ -385,8 +385,8 @@ class WarmStartConfig:
     envs: list[str] = opt(list(ENVS), "environments whose expert traces are used", choices=ENVS)
     grounded_frac: float = opt(0.5, "share of traces whose <think> is grounded (vs generic template)", ge=0, le=1)
     episodes: int = opt(2000, "expert episodes generated per environment", ge=1)
-    steps: int = opt(1500, "optimizer steps", ge=1)
-    batch_size: int = opt(32, "traces per optimizer step", ge=1)
+    steps: int = opt(4000, "optimizer steps", ge=1)
+    batch_size: int = opt(16, "traces per optimizer step", ge=1)
     lr: float = opt(2e-3, "peak learning rate (50-step warmup, cosine decay)", gt=0)
     seed: int = opt(0, "seed for trace generation and shuffling")
 
