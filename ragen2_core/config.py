@@ -456,7 +456,7 @@ class TrainLoopConfig:
     resume: bool = opt(False, "continue from the newest checkpoint in output_dir")
     zero_stage: int = opt(0, "DeepSpeed ZeRO stage; 0 = plain torch", choices=[0, 1, 2, 3])
     deepspeed_config: Optional[str] = opt(None, "DeepSpeed JSON overriding the generated one; null = generated")
-    grad_accum: int = opt(1, "gradient accumulation steps", ge=1)
+    grad_accum: int = opt(4, "micro-batches per optimizer step; rows are grouped by length, so more also means less padding", ge=1)
     threads: int = opt(0, "torch CPU threads; 0 = torch default", ge=0)
 
 

@@ -54,13 +54,18 @@ def forward_logits(forward, ids, attn):
 
 @torch.no_grad()
 def score_tokens(model, t: dict, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each."""
-    logps, ents = [], []
-    for rows in torch.split(torch.arange(t["input_ids"].shape[0]), micro):
-        logits = forward_logits(model, t["input_ids"][rows], t["attention_mask"][rows])
-        logps.append(logp_from_logits(logits, t["input_ids"][rows, 1:]))
-        ents.append(entropy_from_logits(logits))
-    return torch.cat(logps), torch.cat(ents)
+    """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
+    past a row's end). Rows go in length order, each chunk cut to its longest row."""
+    B, T = t["input_ids"].shape
+    lengths = t["attention_mask"].sum(-1)
+    logp, entropy = torch.zeros(B, T - 1), torch.zeros(B, T - 1)
+    for rows in torch.split(torch.argsort(lengths, stable=True), micro):
+        L = int(lengths[rows].max())
+        ids = t["input_ids"][rows, :L]
+        logits = forward_logits(model, ids, t["attention_mask"][rows, :L])
+        logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:])
+        entropy[rows, :L - 1] = entropy_from_logits(logits)
+    return logp, entropy
 
 
 def run(cfg, sink) -> dict:
@@ -206,24 +211,29 @@ def update(batch: RolloutBatch, actor, critic, reference, tok, cfg, step: int, m
     # ============================================================ loss / step
     logs: dict[str, list[float]] = {}
     B = len(batch)
+    lengths = t["attention_mask"].sum(-1)
     for epoch in range(algo.ppo_epochs):
         order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B))
         for mb in torch.tensor_split(order, algo.mini_batches):
+            # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
+            # episodes differ several-fold in length, and padding would dominate the update.
+            mb = mb[torch.argsort(lengths[mb], stable=True)]
             for rows in torch.tensor_split(mb, cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
                 weight = 1.0 if len(rows) else 0.0
                 rows = rows if len(rows) else mb[:1]
-                logits = forward_logits(actor.forward, t["input_ids"][rows], t["attention_mask"][rows])
-                m = mask[rows]
-                logp = logp_from_logits(logits, t["input_ids"][rows, 1:])
-                pg, pg_stats = policy_loss(logp, old_logp[rows], advantages[rows], m,
+                L = int(lengths[rows].max())
+                ids, attn, m = t["input_ids"][rows, :L], t["attention_mask"][rows, :L], mask[rows, :L - 1]
+                logits = forward_logits(actor.forward, ids, attn)
+                logp = logp_from_logits(logits, ids[:, 1:])
+                pg, pg_stats = policy_loss(logp, old_logp[rows, :L - 1], advantages[rows, :L - 1], m,
                                            clip_low=algo.clip_low, clip_high=algo.clip_high, agg=algo.loss_agg)
                 loss = pg
                 if algo.entropy_coef:  # actor/entropy is logged from the rollout pass either way
                     loss = loss - algo.entropy_coef * aggregate(entropy_from_logits(logits), m, mode=algo.loss_agg)
                 if reference is not None and algo.kl_placement == "in_loss":
-                    kl_now = kl_penalty(logp, ref_logp[rows], estimator=algo.kl_estimator)
+                    kl_now = kl_penalty(logp, ref_logp[rows, :L - 1], estimator=algo.kl_estimator)
                     loss = loss + algo.kl_coef * aggregate(kl_now, m, mode=algo.loss_agg)
                 actor.backward(loss * loss_scale * weight)
                 actor.step()
@@ -231,9 +241,8 @@ def update(batch: RolloutBatch, actor, critic, reference, tok, cfg, step: int, m
                              "actor/approx_kl": pg_stats["approx_kl"]}.items():
                     logs.setdefault(k, []).append(float(v.detach()) if torch.is_tensor(v) else float(v))
                 if critic is not None:
-                    values = critic.forward(input_ids=t["input_ids"][rows],
-                                    attention_mask=t["attention_mask"][rows]).logits[:, :-1, 0].float()
-                    vloss, vstats = value_loss(values, old_values[rows], returns[rows], m,
+                    values = critic.forward(input_ids=ids, attention_mask=attn).logits[:, :-1, 0].float()
+                    vloss, vstats = value_loss(values, old_values[rows, :L - 1], returns[rows, :L - 1], m,
                                                clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * weight)
                     critic.step()
