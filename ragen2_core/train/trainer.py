@@ -61,10 +61,11 @@ def score_tokens(model, t: dict, micro: int) -> tuple[torch.Tensor, torch.Tensor
     logp, entropy = torch.zeros(B, T - 1), torch.zeros(B, T - 1)
     for rows in torch.split(torch.argsort(lengths, stable=True), micro):
         L = int(lengths[rows].max())
-        ids = t["input_ids"][rows, :L]
-        logits = forward_logits(model, ids, t["attention_mask"][rows, :L])
-        logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:])
-        entropy[rows, :L - 1] = entropy_from_logits(logits)
+        ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
+        logits = forward_logits(model, ids, attn)
+        real = attn[:, 1:].float()
+        logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:]) * real
+        entropy[rows, :L - 1] = entropy_from_logits(logits) * real
     return logp, entropy
 
 

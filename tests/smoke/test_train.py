@@ -105,3 +105,22 @@ def test_bad_config_exits_2_before_any_work(tmp_path):
     assert proc.returncode == 2
     assert "rollout.group_sise" in proc.stderr and "group_size" in proc.stderr and "algo.kl_coef" in proc.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_length_sorted_scoring_equals_one_full_forward():
+    from ragen2_core.algo.losses import logp_from_logits
+    from ragen2_core.train.trainer import score_tokens
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    lengths = [9, 3, 6, 9, 2]
+    ids = torch.randint(1, 50, (5, 9))
+    attn = (torch.arange(9)[None] < torch.tensor(lengths)[:, None]).long()
+    ids = ids * attn  # right padding with id 0
+    logp, _ = score_tokens(model, {"input_ids": ids, "attention_mask": attn}, micro=2)
+    with torch.no_grad():
+        full = logp_from_logits(model(input_ids=ids, attention_mask=attn).logits[:, :-1].float(), ids[:, 1:])
+    valid = attn[:, 1:].bool()
+    torch.testing.assert_close(logp[valid], full[valid], atol=1e-5, rtol=1e-5)
+    assert (logp[~valid] == 0).all()
