@@ -1,0 +1,119 @@
+"""GRPO step throughput: our trainer vs TRL's GRPOTrainer, same tiny policy, same prompts, CPU.
+
+Single-turn FrozenLake (8 prompts x 8 completions, at most 48 new tokens, temperature 1), one
+process each, run back to back. Throughput = generated tokens / wall time of the steps (rollout +
+update; the first step of each is a warm-up and not counted). The last line is one JSON object
+with ``ratio`` = our tokens/s / TRL tokens/s (goal 1.5). TRL is a benchmark-only extra:
+``pip install -e .[bench]``.
+
+    python benchmarks/step_vs_trl.py [--steps 4] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+
+from ragen2_core.config import load_config
+from ragen2_core.envs.registry import env_factory
+from ragen2_core.policy.load import resolve_policy_path
+from ragen2_core.rollout.prompt import first_chunk
+from ragen2_core.tracking import MemorySink
+from ragen2_core.train.trainer import run
+
+GROUPS, GROUP_SIZE, MAX_NEW = 8, 8, 48
+
+
+def default_policy() -> str:
+    """The cached embedded policy of the default config (built on first use)."""
+    cfg = load_config("sweeps/base/frozenlake_tiny.yaml")
+    return resolve_policy_path(cfg.policy, cfg.warmstart, cfg.env)
+
+
+def ours(steps: int, threads: int, out: str) -> dict:
+    cfg = load_config("sweeps/base/frozenlake_tiny.yaml", [
+        f"policy.model={default_policy()}", "env.max_turns=1", f"rollout.n_groups={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
+        f"rollout.max_new_tokens={MAX_NEW}", f"train.steps={steps + 1}", "train.eval_every=0",
+        f"train.threads={threads}", f"train.output_dir={out}", "algo.advantage=grpo", "train.grad_accum=1"])
+    sink = MemorySink()
+    run(cfg, sink)
+    timed = sink.metrics[1:]  # step 1 warms up
+    tokens = sum(m["rollout/response_tokens"] * GROUPS * GROUP_SIZE for _, m in timed)
+    seconds = sum(m["time/rollout_s"] + m["time/update_s"] for _, m in timed)
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def trl(steps: int, threads: int, out: str) -> dict:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    cfg = load_config("sweeps/base/frozenlake_tiny.yaml", ["env.max_turns=1"])
+    path = default_policy()
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    make_env = env_factory(cfg.env)
+    prompts, seeds = [], list(range(GROUPS * (steps + 1)))
+    for s in seeds:
+        env = make_env()
+        prompts.append(first_chunk(env.system_prompt(), env.reset(s), env.actions_left, MAX_NEW))
+
+    def reward(completions, seed, **_):
+        out = []
+        for text, s in zip(completions, seed):
+            env = make_env()
+            env.reset(s)
+            out.append(env.step("<think>" + text).reward)
+        return out
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.starts, self.ends, self.tokens = [], [], []
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.starts.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            self.ends.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                self.tokens.append(logs["completions/mean_length"] * GROUPS * GROUP_SIZE)
+
+    args = GRPOConfig(output_dir=out, per_device_train_batch_size=GROUPS * GROUP_SIZE,
+                      num_generations=GROUP_SIZE, max_completion_length=MAX_NEW, temperature=1.0,
+                      top_k=0, learning_rate=5e-5, max_steps=steps + 1, logging_steps=1, use_cpu=True,
+                      report_to=[], save_strategy="no", beta=0.0, dataloader_num_workers=0,
+                      shuffle_dataset=False,
+                      # stop where our engine stops, so both generate the same kind of replies
+                      generation_kwargs={"eos_token_id": [tok.convert_tokens_to_ids("</answer>"),
+                                                          tok.eos_token_id]})
+    clock = Clock()
+    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=reward, args=args,
+                          train_dataset=Dataset.from_dict({"prompt": prompts, "seed": seeds}),
+                          processing_class=tok, callbacks=[clock])
+    trainer.train()
+    seconds = sum(e - s for s, e in zip(clock.starts[1:], clock.ends[1:]))
+    tokens = sum(clock.tokens[1:])
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    with tempfile.TemporaryDirectory() as d:
+        mine = ours(a.steps, a.threads, f"{d}/ours")
+        theirs = trl(a.steps, a.threads, f"{d}/trl")
+    for name, r in (("ours", mine), ("trl", theirs)):
+        print(f"{name:>5}: {r['seconds']:6.2f} s  {r['tokens']:8.0f} tokens  {r['tokens_per_s']:8.1f} tok/s")
+    print(json.dumps({"name": "step_vs_trl", "ratio": round(mine["tokens_per_s"] / theirs["tokens_per_s"], 2),
+                      "goal": 1.5, "steps": a.steps, "ours": mine, "trl": theirs}))
+
+
+if __name__ == "__main__":
+    main()
