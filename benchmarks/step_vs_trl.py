@@ -37,7 +37,8 @@ def ours(steps: int, threads: int, out: str) -> dict:
     cfg = load_config("sweeps/base/frozenlake_tiny.yaml", [
         f"policy.model={default_policy()}", "env.max_turns=1", f"rollout.n_groups={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
         f"rollout.max_new_tokens={MAX_NEW}", f"train.steps={steps + 1}", "train.eval_every=0",
-        f"train.threads={threads}", f"train.output_dir={out}", "algo.advantage=grpo", "train.grad_accum=1"])
+        f"train.threads={threads}", f"train.output_dir={out}", "algo.advantage=grpo", "train.grad_accum=1",
+        "collapse.every=0"])
     sink = MemorySink()
     run(cfg, sink)
     timed = sink.metrics[1:]  # step 1 warms up

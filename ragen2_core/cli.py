@@ -4,6 +4,7 @@
     ragen2 eval [--config FILE] [--set key=value ...] [--episodes N] [--sample] [--show K]
     ragen2 warmstart [--config FILE] [--set key=value ...]     # build / locate the cached embedded policy
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
+    ragen2 mi --rollouts FILE --model PATH_OR_NAME [...]       # MI proxy on dumped rollouts, see docs/mi.md
 
 Bad configuration prints every error (field, value, fix) and exits with status 2 before any work.
 """
@@ -90,7 +91,8 @@ def cmd_train(cfg, args) -> int:
     sink = FanoutSink(StdoutSink(total_steps=cfg.train.steps), JsonlSink(out / "metrics.jsonl"), mlflow)
     with sink:
         result = run(cfg, sink)
-    print(f"done: eval/success {result.get('eval/success', float('nan')):.3f}; policy {result['policy_dir']}; "
+    print(f"done ({result['stop_reason']} after {result['steps_done']} steps): "
+          f"eval/success {result.get('eval/success', float('nan')):.3f}; policy {result['policy_dir']}; "
           f"MLflow run {mlflow.run_id} at {mlflow.tracking_uri} (browse: mlflow ui --backend-store-uri "
           f"{mlflow.tracking_uri})")
     return 0
@@ -106,6 +108,10 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "warmstart": cmd_warmstart, "c
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["mi"]:  # takes no training config: its own arguments only
+        from ragen2_core import mi_offline
+        return mi_offline.main(argv[1:])
     parser = argparse.ArgumentParser(prog="ragen2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -123,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("config", help="print the resolved config (or --describe every field)")
     _config_args(p)
     p.add_argument("--describe", action="store_true")
+    sub.add_parser("mi", help="MI proxy of dumped rollouts under any causal LM (ragen2 mi --help)", add_help=False)
     args = parser.parse_args(argv)
     try:
         extra = [f"tracking.uri={args.tracking_uri}"] if getattr(args, "tracking_uri", None) else []

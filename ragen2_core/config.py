@@ -171,9 +171,27 @@ def _merge(base: dict, over: dict) -> dict:
     return out
 
 
+def _expand_presets(data: dict) -> list[str]:
+    """Replace a section given as a preset name (``filter: paper``) by the preset's fields, in place.
+
+    A preset stands for the whole section, so later files and overrides refine it field by field."""
+    name = data.get("filter")
+    if not isinstance(name, str):
+        return []
+    if name not in FILTER_PRESETS:
+        hint = difflib.get_close_matches(name, list(FILTER_PRESETS), n=1)
+        return [f"filter: unknown preset {name!r}; use one of {'|'.join(FILTER_PRESETS)}"
+                + (f" (did you mean {hint[0]!r}?)" if hint else "") + " or a mapping of filter fields"]
+    data["filter"] = dict(FILTER_PRESETS[name])
+    return []
+
+
 def _with_base(data: dict, root: Path, chain: tuple) -> dict:
     data = dict(data)
     base = data.pop("base", None)
+    errors = _expand_presets(data)
+    if errors:
+        raise ConfigError(errors)
     if base is None:
         return data
     if not isinstance(base, str):
@@ -234,6 +252,7 @@ def _apply_override(data: dict, text: str, errors: list[str]) -> None:
         node = node[p]
     both_maps = isinstance(node.get(leaf), dict) and isinstance(value, dict)
     node[leaf] = _merge(node[leaf], value) if both_maps else value
+    errors.extend(_expand_presets(data))
 
 
 def load_config(source=None, overrides=()) -> "TrainConfig":
@@ -428,21 +447,80 @@ class AlgoConfig:
 
 
 @dataclasses.dataclass
+class FilterScheduleConfig:
+    kind: str = opt("const", "keep-value schedule over training steps", choices=["const", "linear", "cosine", "step", "exp"])
+    start: Optional[float] = opt(None, "value at step 0 (and during warm-up); null = filter.value", ge=0)
+    end: Optional[float] = opt(None, "value at the last step; required unless kind is const", ge=0)
+    warmup_steps: int = opt(0, "steps holding `start` before the schedule moves", ge=0)
+
+    def check(self) -> list[str]:
+        if self.kind != "const" and self.end is None:
+            return [f"end is null but kind is {self.kind}; set end, e.g. filter.schedule.end=0.6"]
+        return []
+
+
+@dataclasses.dataclass
 class FilterConfig:
     strategy: str = opt("top_p", "how groups are kept by reward variance", choices=["top_p", "top_k", "top_k_abs", "min_p"])
     value: float = opt(1.0, "top_p mass / top_k fraction / top_k_abs count / min_p ratio", ge=0)
-    mode: str = opt("linear", "how group scores become keep weights", choices=["linear", "softmax"])
-    statistic: str = opt("std", "per-group reward spread statistic", choices=["std", "var"])
-    include_zero: bool = opt(True, "keep groups whose reward spread is zero")
+    mode: str = opt("linear", "how group scores become keep weights (top_p only)", choices=["linear", "softmax"])
+    statistic: str = opt("std", "per-group reward spread statistic (ddof 1)", choices=["std", "var"])
+    include_zero: bool = opt(True, "let zero-spread groups compete for a place (false drops them first)")
     loss_scale: str = opt("none", "rescale the loss by the kept fraction", choices=["none", "linear", "sqrt"])
+    soft_reweight: bool = opt(False, "scale each kept group's advantages by its reward std / the batch's max std")
+    zero_task_advantage: bool = opt(False, "knock-out control: zero every advantage, so only KL/entropy terms train")
+    schedule: FilterScheduleConfig = opt(FilterScheduleConfig, "anneal `value` over training (const = fixed)")
 
     def check(self) -> list[str]:
-        if self.strategy == "top_k_abs":
-            if self.value < 1 or not float(self.value).is_integer():
-                return [f"value ({self.value}) must be a whole number >= 1 for strategy top_k_abs; e.g. 4"]
-        elif not 0 < self.value <= 1:
-            return [f"value ({self.value}) must be in (0, 1] for strategy {self.strategy}; e.g. 0.5"]
-        return []
+        errs = []
+        s = self.schedule
+        for name, v in [("value", self.value)] + ([("schedule.start", s.start), ("schedule.end", s.end)]
+                                                   if s.kind != "const" else []):
+            if v is None:
+                continue
+            if self.strategy == "top_k_abs":
+                if v < 1 or not float(v).is_integer():
+                    errs.append(f"{name} ({v}) must be a whole number >= 1 for strategy top_k_abs; e.g. 4")
+            elif not 0 < v <= 1:
+                errs.append(f"{name} ({v}) must be in (0, 1] for strategy {self.strategy}; e.g. 0.5")
+        return errs
+
+
+# Named whole-section presets: `filter: paper` in YAML or `--set filter=nofilter`.
+FILTER_PRESETS = {
+    "paper": {"strategy": "top_p", "value": 0.9, "mode": "softmax", "include_zero": True},
+    "nofilter": {"strategy": "top_p", "value": 1.0, "include_zero": True},
+}
+
+
+@dataclasses.dataclass
+class CollapseConfig:
+    every: int = opt(5, "cross-score reasonings for the MI proxy every N steps; 0 = never", ge=0)
+    n_prompts: int = opt(8, "prompts (groups) cross-scored: N; capped at rollout.n_groups", ge=2)
+    k_samples: int = opt(4, "reasonings per prompt: K; capped at rollout.group_size", ge=1)
+    n_perm: int = opt(32, "prompt permutations for the z-score null", ge=2)
+    ema_decay: float = opt(0.9, "decay of collapse/mi_zscore_ema", ge=0, le=1)
+    trajectory: bool = opt(False, "score every turn's reasoning (concatenated) instead of the first turn's")
+    token_budget: int = opt(16384, "rows x tokens per scoring micro-batch (memory bound)", ge=64)
+    dump_rollouts: bool = opt(False, "append the scored batch to output_dir/rollouts.jsonl (for `ragen2 mi`)")
+
+
+@dataclasses.dataclass
+class StopsConfig:
+    empty_filter_patience: int = opt(5, "stop after this many consecutive steps where the filter kept nothing; 0 = off", ge=0)
+    spread_window: int = opt(10, "reward-spread collapse: compare the last W steps with the first W; 0 = off", ge=0)
+    spread_frac: float = opt(0.1, "reward-spread collapse fires when the last W steps are all below frac x mean of the first W", gt=0, le=1)
+    val_floor: float = opt(0.01, "validation success below this counts as a failed validation", ge=0, le=1)
+    val_floor_patience: int = opt(5, "stop after this many consecutive failed validations; 0 = off", ge=0)
+    mi_alert_zscore: float = opt(2.0, "template-collapse alert: collapse/mi_zscore_ema below this")
+    mi_alert_patience: int = opt(3, "alert after this many consecutive MI measurements below the threshold", ge=1)
+    mi_alert_action: str = opt("warn", "what the template-collapse alert does", choices=["off", "warn", "stop"])
+
+
+@dataclasses.dataclass
+class GradProbeConfig:
+    every: int = opt(0, "measure task / KL / entropy gradient norms separately every N steps; 0 = never", ge=0)
+    buckets: int = opt(2, "also per quantile bucket of group reward std (1 = whole batch only)", ge=1)
 
 
 @dataclasses.dataclass
@@ -474,6 +552,19 @@ class TrainConfig:
     warmstart: WarmStartConfig = opt(WarmStartConfig, "supervised warm start")
     rollout: RolloutConfig = opt(RolloutConfig, "rollout sampling")
     algo: AlgoConfig = opt(AlgoConfig, "RL algorithm")
-    filter: FilterConfig = opt(FilterConfig, "reward-variance group filter")
+    filter: FilterConfig = opt(FilterConfig, "reward-variance group filter; or a preset name: " + "|".join(FILTER_PRESETS))
+    collapse: CollapseConfig = opt(CollapseConfig, "template-collapse diagnostics (MI proxy)")
+    stops: StopsConfig = opt(StopsConfig, "early stops and alerts")
+    grad_probe: GradProbeConfig = opt(GradProbeConfig, "gradient decomposition")
     train: TrainLoopConfig = opt(TrainLoopConfig, "training loop")
     tracking: TrackingConfig = opt(TrackingConfig, "MLflow tracking")
+
+    def check(self) -> list[str]:
+        errs = []
+        if self.collapse.every and self.rollout.n_groups < 2:
+            errs.append(f"collapse.every ({self.collapse.every}) needs rollout.n_groups >= 2 (got "
+                        f"{self.rollout.n_groups}): MI compares prompts; raise n_groups or set collapse.every=0")
+        if self.grad_probe.every and self.train.zero_stage == 3:
+            errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
+                        "use train.zero_stage <= 2 or set grad_probe.every=0")
+        return errs

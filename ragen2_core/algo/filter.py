@@ -157,3 +157,23 @@ def loss_scale_factor(kept_ratio: float, *, mode: str) -> float:
     if mode == "linear":
         return float(kept_ratio)
     return math.sqrt(kept_ratio)
+
+
+def soft_group_weights(group_rewards: torch.Tensor, *, statistic: str = "std") -> torch.Tensor:
+    """Soft alternative to dropping groups: weight each group's advantages by its spread.
+
+    weight_g = score_g / max_h score_h, in [0, 1] (the highest-spread group keeps full weight, a
+    zero-spread group gets 0). When every group has zero spread there is nothing to rank by and all
+    weights are 1.
+
+    Args:
+        group_rewards: [G, S] float. statistic: "std" or "var" (ddof 1).
+
+    Returns:
+        [G] float weights.
+    """
+    score = group_reward_stats(group_rewards, statistic=statistic).detach().double()
+    top = float(score.max()) if score.numel() else 0.0
+    if top <= ZERO_SCORE_TOL:
+        return torch.ones_like(score, dtype=group_rewards.dtype)
+    return (score / top).to(group_rewards.dtype)

@@ -202,3 +202,41 @@ def value_loss(
             clipfrac = _masked_mean((err_clipped > err_unclipped).to(values.dtype), mask)
     loss = 0.5 * aggregate(err, mask, mode=agg, norm_len=norm_len)
     return loss, {"vf_clipfrac": clipfrac}
+
+
+def actor_loss_terms(
+    logits: torch.Tensor,
+    target_ids: torch.Tensor,
+    mask: torch.Tensor,
+    old_logp: torch.Tensor | None,
+    advantages: torch.Tensor,
+    ref_logp: torch.Tensor | None,
+    *,
+    clip_low: float,
+    clip_high: float,
+    agg: str,
+    kl_estimator: str,
+) -> dict[str, torch.Tensor]:
+    """The actor's loss terms from one forward pass, each aggregated with `agg`, uncombined.
+
+    Args:
+        logits: [B, T, V] predicting `target_ids` [B, T]; mask [B, T]; advantages [B, T].
+        old_logp: [B, T] behaviour log-probs, or None when the update is on-policy (one epoch, one
+            mini-batch): the ratio is then exactly 1, so the current log-probs (detached) stand in
+            and a separate scoring pass is saved.
+        ref_logp: [B, T] reference log-probs, or None when no KL term is used.
+
+    Returns:
+        pg (clipped surrogate), entropy (mean policy entropy, to be maximised), kl (to the
+        reference; 0 without one), clipfrac, approx_kl, and the per-token `logp` and `entropy_tok`
+        [B, T] (detached) for logging.
+    """
+    logp = logp_from_logits(logits, target_ids)
+    entropy_tok = entropy_from_logits(logits)
+    behaviour = logp.detach() if old_logp is None else old_logp
+    pg, stats = policy_loss(logp, behaviour, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg)
+    kl = (aggregate(kl_penalty(logp, ref_logp, estimator=kl_estimator), mask, mode=agg)
+          if ref_logp is not None else logp.new_zeros(()))
+    return {"pg": pg, "entropy": aggregate(entropy_tok, mask, mode=agg), "kl": kl,
+            "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
+            "logp": logp.detach(), "entropy_tok": entropy_tok.detach()}

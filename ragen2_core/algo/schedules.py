@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-KINDS = ("constant", "linear", "cosine", "step", "exponential")
+KINDS = ("const", "linear", "cosine", "step", "exp")
 
 
 def keep_value(
@@ -23,11 +23,11 @@ def keep_value(
 
     `step` is clamped to [0, total_steps]. Steps before `warmup_steps` hold `start`; afterwards the
     progress t = (step - warmup_steps) / (total_steps - warmup_steps) runs from 0 to 1 and
-        constant:     start
+        const:        start
         linear:       start + (end - start) * t
         cosine:       end + (start - end) * (1 + cos(pi * t)) / 2
         step:         start while t < 0.5, end from the midpoint on
-        exponential:  start * (end / start) ** t   (geometric; start and end must be > 0)
+        exp:          start * (end / start) ** t   (geometric; start and end must be > 0)
     If warmup_steps == total_steps, t is 1 once warmup is over.
     """
     if kind not in KINDS:
@@ -36,11 +36,11 @@ def keep_value(
         raise ValueError(f"keep_value: total_steps must be >= 1, got {total_steps}")
     if not 0 <= warmup_steps <= total_steps:
         raise ValueError(f"keep_value: warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}")
-    if kind == "exponential" and (start <= 0 or end <= 0):
-        raise ValueError(f"keep_value: exponential needs start > 0 and end > 0, got start={start}, end={end}")
+    if kind == "exp" and (start <= 0 or end <= 0):
+        raise ValueError(f"keep_value: exp needs start > 0 and end > 0, got start={start}, end={end}")
 
     step = min(max(step, 0), total_steps)
-    if kind == "constant" or step < warmup_steps:
+    if kind == "const" or step < warmup_steps:
         return float(start)
     span = total_steps - warmup_steps
     t = 1.0 if span == 0 else (step - warmup_steps) / span

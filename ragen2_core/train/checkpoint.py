@@ -3,7 +3,7 @@
 Layout under ``train.output_dir``::
 
     checkpoints/step_000010/{actor,critic}/...   DeepSpeed state (model, optimizer, scheduler)
-    checkpoints/step_000010/state.json           the step counter
+    checkpoints/step_000010/state.json           the step counter and loop state
     policy/                                      save_pretrained export at the end
 
 A directory only ever appears under its final name once complete, so ``latest`` never sees a
@@ -35,8 +35,10 @@ def _barrier() -> None:
         torch.distributed.barrier()
 
 
-def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0) -> Path:
-    """Every rank writes its DeepSpeed shard into one temp dir; rank 0 renames it into place."""
+def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0, extra: dict | None = None) -> Path:
+    """Every rank writes its DeepSpeed shard into one temp dir; rank 0 renames it into place.
+
+    `extra` is JSON-able loop state (running averages, stop counters) stored beside the step."""
     root = _root(out_dir)
     final = root / f"{PREFIX}{step:06d}"
     tmp = root / f".tmp-{PREFIX}{step:06d}"  # a fixed name, so all ranks write to the same place
@@ -48,7 +50,7 @@ def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0) -
         critic.save(tmp / "critic", tag="state")
     _barrier()
     if rank == 0:
-        (tmp / "state.json").write_text(json.dumps({"step": step}))
+        (tmp / "state.json").write_text(json.dumps({"step": step, **(extra or {})}))
         if final.exists():  # a resumed run re-saving the same step
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -56,6 +58,15 @@ def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0) -
             shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    """A result file appears whole or not at all (temp file in the same directory + rename)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, default=float)
+    os.replace(tmp, path)
 
 
 def latest(out_dir: Path) -> Path | None:

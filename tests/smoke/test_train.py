@@ -11,16 +11,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import AutoModelForCausalLM
 
-from ragen2_core.config import load_config
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
-
-TINY = ["policy.hidden_size=32", "policy.num_layers=1", "policy.num_heads=2", "policy.num_kv_heads=1",
-        "policy.intermediate_size=64", "policy.vocab_size=300", "warmstart.envs=[frozenlake]",
-        "warmstart.steps=30", "warmstart.episodes=64", "warmstart.batch_size=8",
-        "rollout.n_groups=2", "rollout.group_size=3", "rollout.max_new_tokens=24",
-        "env.max_turns=2", "env.val_seeds=4", "train.eval_every=2", "train.threads=1",
-        "algo.actor_lr=1e-3"]
+from tiny import TINY, cfg_for
 
 
 @pytest.fixture(scope="module")
@@ -28,12 +21,11 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("policy-cache")
 
 
-def cfg_for(tmp, cache, *extra):
-    return load_config(None, TINY + [f"policy.cache_dir={cache}", f"train.output_dir={tmp}", *extra])
+WALL_CLOCK = ("perf/tokens_per_s", "cost/wall_s_per_update", "cost/cum_wall_s")
 
 
 def metrics_by_step(sink):
-    return [(s, {k: v for k, v in m.items() if not k.startswith("time/") and k != "perf/tokens_per_s"})
+    return [(s, {k: v for k, v in m.items() if not k.startswith("time/") and k not in WALL_CLOCK})
             for s, m in sink.metrics]
 
 
@@ -67,13 +59,16 @@ def test_same_seed_same_metrics_and_parameters_move(tmp_path, cache, advantage):
 
 
 def test_resume_continues_the_same_history(tmp_path, cache):
+    # MI every 2 steps: its EMA and the cost counters must carry over the restart too.
+    diag = ["collapse.every=2", "stops.mi_alert_action=warn"]
     full = MemorySink()
-    run(cfg_for(tmp_path / "full", cache, "train.steps=4"), full)
+    run(cfg_for(tmp_path / "full", cache, "train.steps=4", *diag), full)
     first = MemorySink()
-    run(cfg_for(tmp_path / "cut", cache, "train.steps=2", "train.checkpoint_every=2"), first)
+    run(cfg_for(tmp_path / "cut", cache, "train.steps=2", "train.checkpoint_every=2", *diag), first)
     rest = MemorySink()
-    run(cfg_for(tmp_path / "cut", cache, "train.steps=4", "train.checkpoint_every=2", "train.resume=true"), rest)
+    run(cfg_for(tmp_path / "cut", cache, "train.steps=4", "train.checkpoint_every=2", "train.resume=true", *diag), rest)
     assert [s for s, _ in rest.metrics] == [3, 4]
+    assert "collapse/mi_zscore_ema" in rest.metrics[0][1]
     same(metrics_by_step(full), metrics_by_step(first) + metrics_by_step(rest))
 
 

@@ -214,3 +214,46 @@ def test_scientific_notation_without_dot_is_a_float():
     assert cfg.algo.kl_coef == 0.001 and cfg.warmstart.lr == 0.003
     with pytest.raises(ConfigError, match="algo.kl_coef"):
         load_config({"algo": {"kl_coef": "e-3"}})
+
+
+def test_filter_presets_from_yaml_override_and_refinement(tmp_path):
+    cfg = load_config({"filter": "paper"})
+    assert (cfg.filter.strategy, cfg.filter.value, cfg.filter.mode, cfg.filter.include_zero) == ("top_p", 0.9, "softmax", True)
+    # A preset stands for the whole section: later overrides refine it field by field.
+    cfg = load_config(None, ["filter=paper", "filter.value=0.8"])
+    assert (cfg.filter.mode, cfg.filter.value) == ("softmax", 0.8)
+    base = tmp_path / "base.yaml"
+    base.write_text("filter: nofilter\n")
+    child = tmp_path / "child.yaml"
+    child.write_text("base: base.yaml\nfilter:\n  loss_scale: sqrt\n")
+    cfg = load_config(child)
+    assert (cfg.filter.value, cfg.filter.include_zero, cfg.filter.loss_scale) == (1.0, True, "sqrt")
+    # The dump is the expanded section, so it reloads to the same config.
+    assert load_config(yaml.safe_load(dump_yaml(cfg))) == cfg
+
+
+def test_unknown_filter_preset_names_the_choices():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter=papr"])
+    assert "unknown preset 'papr'" in str(e.value) and "paper|nofilter" in str(e.value) and "did you mean 'paper'" in str(e.value)
+
+
+def test_filter_schedule_checks():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.schedule.kind=linear"])
+    assert "filter.schedule.end is null but kind is linear" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.schedule.kind=cosine", "filter.schedule.start=1.0", "filter.schedule.end=1.5"])
+    assert "filter.schedule.end (1.5) must be in (0, 1]" in str(e.value)
+    cfg = load_config(None, ["filter.schedule.kind=exp", "filter.schedule.end=0.5"])
+    assert cfg.filter.schedule.start is None  # falls back to filter.value
+
+
+def test_cross_section_checks():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.n_groups=1"])
+    assert "collapse.every (5) needs rollout.n_groups >= 2" in str(e.value)
+    load_config(None, ["rollout.n_groups=1", "collapse.every=0"])
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["grad_probe.every=5", "train.zero_stage=3"])
+    assert "grad_probe.every needs whole parameters" in str(e.value)

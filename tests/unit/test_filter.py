@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, select_groups
+from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, select_groups, soft_group_weights
 
 
 def rows_with_std(stds):
@@ -148,3 +148,17 @@ def test_loss_scale_factor():
         loss_scale_factor(0.5, mode="cube")
     with pytest.raises(ValueError):
         loss_scale_factor(1.5, mode="linear")
+
+
+def test_soft_group_weights_scale_by_spread_over_the_max():
+    # stds [1, 4, 0, 3, 2] -> weights std / 4 = [.25, 1, 0, .75, .5]
+    w = soft_group_weights(SCORES, statistic="std")
+    assert torch.allclose(w, torch.tensor([0.25, 1.0, 0.0, 0.75, 0.5], dtype=torch.float64))
+    # var: [1, 16, 0, 9, 4] / 16
+    w = soft_group_weights(SCORES, statistic="var")
+    assert torch.allclose(w, torch.tensor([1 / 16, 1.0, 0.0, 9 / 16, 4 / 16], dtype=torch.float64))
+
+
+def test_soft_group_weights_all_zero_spread_is_all_ones():
+    # Nothing to rank by: weights are 1 rather than 0/0.
+    assert soft_group_weights(torch.ones(3, 4), statistic="std").tolist() == [1.0, 1.0, 1.0]

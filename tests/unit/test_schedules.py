@@ -12,7 +12,7 @@ def kv(step, kind, **kw):
 
 
 def test_constant():
-    assert [kv(s, "constant") for s in (0, 5, 10)] == [1.0, 1.0, 1.0]
+    assert [kv(s, "const") for s in (0, 5, 10)] == [1.0, 1.0, 1.0]
 
 
 def test_linear_and_clamping():
@@ -42,10 +42,10 @@ def test_step():
 
 def test_exponential():
     # start 1, end 0.25: 1 * 0.25 ** t -> t = .5 -> 0.5, t = 1 -> 0.25
-    assert kv(5, "exponential", end=0.25) == pytest.approx(0.5)
-    assert kv(10, "exponential", end=0.25) == pytest.approx(0.25)
+    assert kv(5, "exp", end=0.25) == pytest.approx(0.5)
+    assert kv(10, "exp", end=0.25) == pytest.approx(0.25)
     with pytest.raises(ValueError):
-        kv(5, "exponential", end=0.0)
+        kv(5, "exp", end=0.0)
 
 
 def test_warmup_holds_start():
@@ -61,7 +61,7 @@ def test_warmup_holds_start():
 
 
 def test_monotone_between_endpoints():
-    for kind in ("linear", "cosine", "step", "exponential"):
+    for kind in ("linear", "cosine", "step", "exp"):
         vals = [kv(s, kind) for s in range(11)]
         assert all(a >= b - 1e-12 for a, b in zip(vals, vals[1:])), kind
         assert all(0.5 - 1e-12 <= v <= 1.0 + 1e-12 for v in vals), kind

@@ -1,0 +1,60 @@
+"""Gradient probe: the task, KL and entropy components of the actor gradient, measured separately.
+
+Run on the whole rollout batch (before the filter), at the current parameters, with the ratio at 1
+(on-policy), so it shows what each term would contribute to this step's update, per band of
+in-group reward spread. Gradients are taken with `torch.autograd.grad` on the bare module, so the
+optimizer's accumulated gradients are untouched. The loss of a row set is rebuilt from micro-batches
+weighted by their share of rows, which is exact for per-sequence aggregation and close otherwise.
+
+KL placed `in_reward` acts through the advantages, so it is part of the task component there and
+the KL component is 0; likewise a zero coefficient gives a zero component (the work is skipped).
+
+    stats = gradient_probe(actor.module, prepared, [all_rows, low_spread_rows], algo=cfg.algo, micro=16)
+"""
+from __future__ import annotations
+
+import torch
+
+from ragen2_core.algo.losses import actor_loss_terms
+from ragen2_core.metrics.gradients import decomposition_stats
+
+
+def forward_logits(forward, ids, attn):
+    """Logits predicting each next token, [B, T-1, V]; ``forward`` is a model or an engine's forward."""
+    return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+
+
+def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, micro: int) -> list[dict | None]:
+    """`decomposition_stats` for each row set (None for an empty set).
+
+    `prep` is the trainer's prepared batch: input_ids, attention_mask, mask [B, T-1], advantages,
+    ref_logp (or None), lengths [B]."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    coef = {"task": 1.0,
+            "kl": algo.kl_coef if prep["ref_logp"] is not None and algo.kl_placement == "in_loss" else 0.0,
+            "entropy": -algo.entropy_coef}
+    active = [c for c, w in coef.items() if w]
+    out = []
+    for rows in row_sets:
+        if len(rows) == 0:
+            out.append(None)
+            continue
+        acc = {c: [torch.zeros_like(p) for p in params] for c in active}
+        rows = rows[torch.argsort(prep["lengths"][rows], stable=True)]
+        for mb in torch.split(rows, micro):
+            L = int(prep["lengths"][mb].max())
+            ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
+            cut = lambda x: None if x is None else x[mb, :L - 1]  # noqa: E731
+            terms = actor_loss_terms(forward_logits(model, ids, attn), ids[:, 1:], cut(prep["mask"]), None,
+                                     cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
+                                     clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
+            share = len(mb) / len(rows)
+            component = {"task": terms["pg"], "kl": terms["kl"], "entropy": terms["entropy"]}
+            for i, c in enumerate(active):
+                grads = torch.autograd.grad(coef[c] * share * component[c], params,
+                                            retain_graph=i < len(active) - 1, allow_unused=True)
+                for a, g in zip(acc[c], grads):
+                    if g is not None:
+                        a.add_(g)
+        out.append(decomposition_stats({c: acc.get(c) for c in coef}))
+    return out

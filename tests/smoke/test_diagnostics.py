@@ -1,0 +1,102 @@
+"""The trainer's collapse diagnostics, filter knobs, gradient probe, cost accounting and early stops,
+end to end on the tiny policy (plumbing: values are checked for meaning, not for learning)."""
+import json
+import math
+
+import pytest
+
+from ragen2_core.algo.schedules import keep_value
+from ragen2_core.tracking import MemorySink
+from ragen2_core.train.trainer import run
+from tiny import cfg_for
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("policy-cache")
+
+
+def train(tmp_path, cache, *overrides):
+    sink = MemorySink()
+    result = run(cfg_for(tmp_path, cache, *overrides), sink)
+    return sink, result
+
+
+def test_collapse_metrics_on_the_configured_cadence(tmp_path, cache):
+    sink, _ = train(tmp_path, cache, "train.steps=3", "collapse.every=2", "collapse.dump_rollouts=true")
+    steps = [s for s, m in sink.metrics if "collapse/mi" in m]
+    assert steps == [1, 3]  # steps 0 and 2 (0-based): the batch before each update
+    m = dict(sink.metrics[0][1])
+    # TINY has 2 groups of 3: N = 2 prompts, K = min(4, 3) = 3 reasonings each.
+    assert (m["collapse/n_prompts"], m["collapse/k_samples"]) == (2, 3)
+    assert m["collapse/mi_upper_bound"] == pytest.approx(math.log(2))
+    assert m["collapse/mi"] <= math.log(2) + 1e-9
+    assert m["collapse/retrieval_chance"] == 0.5 and 0 <= m["collapse/retrieval_acc"] <= 1
+    assert m["collapse/mi_zscore_ema"] == m["collapse/mi_zscore"]  # the EMA starts at the first value
+    third = sink.metrics[2][1]
+    assert third["collapse/mi_zscore_ema"] == pytest.approx(0.9 * m["collapse/mi_zscore"] + 0.1 * third["collapse/mi_zscore"])
+    assert m["time/collapse_s"] > 0
+    lines = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
+    assert sorted({x["step"] for x in lines}) == [1, 3] and len(lines) == 2 * 6
+
+
+def test_filter_preset_and_keep_schedule(tmp_path, cache):
+    sink, _ = train(tmp_path, cache, "train.steps=3", "filter=paper", "filter.schedule.kind=linear",
+                    "filter.schedule.start=1.0", "filter.schedule.end=0.5", "collapse.every=0")
+    targets = [m["filter/keep_target"] for _, m in sink.metrics]
+    # linear over 3 steps from 1.0 to 0.5: t = 0, 1/3, 2/3
+    assert targets == pytest.approx([1.0, 1.0 - 0.5 / 3, 1.0 - 1.0 / 3])
+    assert targets == pytest.approx([keep_value(s, total_steps=3, kind="linear", start=1.0, end=0.5) for s in range(3)])
+
+
+def test_zero_task_advantage_leaves_only_the_regulariser(tmp_path, cache):
+    sink, _ = train(tmp_path, cache, "train.steps=2", "filter.zero_task_advantage=true", "collapse.every=0",
+                    "grad_probe.every=1", "algo.entropy_coef=0.01")
+    for _, m in sink.metrics:
+        assert m["actor/pg_loss"] == 0.0
+        assert m["actor/grad_norm_task"] == 0.0 and m["actor/grad_norm_entropy"] > 0
+        assert math.isnan(m["actor/reg_to_task_grad_ratio"])
+
+
+def test_gradient_probe_components_and_buckets(tmp_path, cache):
+    sink, _ = train(tmp_path, cache, "train.steps=1", "collapse.every=0", "grad_probe.every=1",
+                    "grad_probe.buckets=2", "algo.kl_coef=0.01", "algo.entropy_coef=0.01")
+    m = sink.metrics[0][1]
+    for k in ("grad_norm_task", "grad_norm_kl", "grad_norm_entropy", "grad_norm_reg", "reg_to_task_grad_ratio"):
+        assert f"actor/{k}" in m and f"grad_probe/b0/{k}" in m and f"grad_probe/b1/{k}" in m
+    # At the first step the policy equals its reference: the KL gradient vanishes (k3 is flat at 0).
+    assert m["actor/grad_norm_kl"] == pytest.approx(0.0, abs=1e-6)
+    assert m["actor/grad_norm_entropy"] > 0
+    assert m["grad_probe/b0/group_reward_std"] <= m["grad_probe/b1/group_reward_std"]
+    assert m["time/grad_probe_s"] > 0
+
+
+def test_cost_accounting_adds_up(tmp_path, cache):
+    sink, _ = train(tmp_path, cache, "train.steps=2", "collapse.every=0", "filter.strategy=top_k_abs", "filter.value=1")
+    cum = 0
+    for _, m in sink.metrics:
+        assert m["cost/kept_tokens"] <= m["cost/rollout_tokens"]
+        assert m["cost/wasted_rollout_frac"] == pytest.approx(1 - m["cost/kept_tokens"] / m["cost/rollout_tokens"])
+        assert m["cost/tokens_per_kept_sample"] == pytest.approx(m["cost/rollout_tokens"] / 3)  # one group of 3 kept
+        cum += m["cost/rollout_tokens"]
+        assert m["cost/cum_rollout_tokens"] == cum
+        assert m["cost/wall_s_per_update"] == pytest.approx(m["time/rollout_s"] + m["time/update_s"])
+
+
+def test_validation_floor_stops_the_run_and_records_why(tmp_path, cache):
+    # A floor of 1.01 fails every validation; patience 1 stops at the first one (step 2 of 6).
+    sink, result = train(tmp_path, cache, "train.steps=6", "collapse.every=0", "stops.val_floor=1.0",
+                         "stops.val_floor_patience=1", "train.checkpoint_every=1")
+    assert result["stop_reason"] == "val_success_floor" and result["steps_done"] == 2
+    assert [s for s, _ in sink.metrics] == [1, 2]
+    assert sink.tags["ragen2.stop_reason"] == "val_success_floor"
+    assert json.loads((tmp_path / "result.json").read_text())["stop_reason"] == "val_success_floor"
+    # No checkpoint of the stopped step: a resume cannot train past the failure.
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_000000"]
+
+
+def test_template_collapse_alert_can_stop_the_run(tmp_path, cache):
+    # A threshold no z-score reaches fires on the first measurement with patience 1.
+    _, result = train(tmp_path, cache, "train.steps=4", "collapse.every=1", "stops.mi_alert_zscore=1e9",
+                      "stops.mi_alert_patience=1", "stops.mi_alert_action=stop")
+    assert result["stop_reason"] == "template_collapse" and result["steps_done"] == 1
