@@ -536,6 +536,7 @@ class TrainLoopConfig:
     deepspeed_config: Optional[str] = opt(None, "DeepSpeed JSON overriding the generated one; null = generated")
     grad_accum: int = opt(4, "micro-batches per optimizer step; rows are grouped by length, so more also means less padding", ge=1)
     threads: int = opt(0, "torch CPU threads; 0 = torch default", ge=0)
+    shared_prefix: bool = opt(True, "in scoring and updates, encode each group's shared first prompt once per micro-batch")
 
 
 @dataclasses.dataclass

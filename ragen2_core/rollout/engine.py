@@ -120,7 +120,8 @@ class KVSession:
         return replies
 
     def keep(self, rows: list[int]) -> None:
-        """Drop every row not listed (episodes that ended)."""
+        """Keep the listed rows in that order: drops episodes that ended, and a row listed several
+        times is copied (one shared prompt encoded once, then handed to every episode of its group)."""
         idx = torch.tensor(rows, dtype=torch.long, device=self.device)
         self.cache.batch_select_indices(idx)
         self.mask = self.mask[idx]
@@ -186,7 +187,15 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
             session.keep(keep_rows)
             chunks = [chunks[i] for i in keep_rows]
             active = fits
-        logits = session.append(chunks)
+        if session.next_pos is None:
+            # Episodes of a group start from the same prompt: encode each distinct one once.
+            uniq = list(dict.fromkeys(map(tuple, chunks)))
+            owner = [uniq.index(tuple(c)) for c in chunks]
+            logits = session.append([list(u) for u in uniq])
+            session.keep(owner)
+            logits = logits[owner]
+        else:
+            logits = session.append(chunks)
         replies = session.decode(logits, sampling, stop_ids, generator)
         still, next_chunks = [], []
         for row, (b, chunk, reply) in enumerate(zip(active, chunks, replies)):

@@ -17,18 +17,14 @@ import torch
 
 from ragen2_core.algo.losses import actor_loss_terms
 from ragen2_core.metrics.gradients import decomposition_stats
-
-
-def forward_logits(forward, ids, attn):
-    """Logits predicting each next token, [B, T-1, V]; ``forward`` is a model or an engine's forward."""
-    return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
 
 
 def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, micro: int) -> list[dict | None]:
     """`decomposition_stats` for each row set (None for an empty set).
 
     `prep` is the trainer's prepared batch: input_ids, attention_mask, mask [B, T-1], advantages,
-    ref_logp (or None), lengths [B]."""
+    ref_logp (or None), lengths [B], prefix_len and groups ([B] each, or None)."""
     params = [p for p in model.parameters() if p.requires_grad]
     coef = {"task": 1.0,
             "kl": algo.kl_coef if prep["ref_logp"] is not None and algo.kl_placement == "in_loss" else 0.0,
@@ -40,12 +36,14 @@ def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, mic
             out.append(None)
             continue
         acc = {c: [torch.zeros_like(p) for p in params] for c in active}
-        rows = rows[torch.argsort(prep["lengths"][rows], stable=True)]
+        groups, prefix = prep["groups"], prep["prefix_len"]
+        rows = rows[micro_batch_order(prep["lengths"][rows], None if groups is None else groups[rows])]
         for mb in torch.split(rows, micro):
             L = int(prep["lengths"][mb].max())
             ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
             cut = lambda x: None if x is None else x[mb, :L - 1]  # noqa: E731
-            terms = actor_loss_terms(forward_logits(model, ids, attn), ids[:, 1:], cut(prep["mask"]), None,
+            logits = forward_logits(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
+            terms = actor_loss_terms(logits, ids[:, 1:], cut(prep["mask"]), None,
                                      cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
                                      clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
             share = len(mb) / len(rows)

@@ -36,7 +36,8 @@ from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
-from ragen2_core.train.grad_probe import forward_logits, gradient_probe
+from ragen2_core.train.grad_probe import gradient_probe
+from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
 from ragen2_core.types import RolloutBatch
@@ -55,17 +56,21 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def score_tokens(model, t: dict, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
+                 groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
-    past a row's end). Rows go in length order, each chunk cut to its longest row."""
+    past a row's end, and before the last prompt token when ``prefix_len`` shares prompts). Rows go
+    in length order (group by group when sharing), each chunk cut to its longest row."""
     B, T = t["input_ids"].shape
     lengths = t["attention_mask"].sum(-1)
     logp, entropy = torch.zeros(B, T - 1), torch.zeros(B, T - 1)
-    for rows in torch.split(torch.argsort(lengths, stable=True), micro):
+    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
         L = int(lengths[rows].max())
         ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
-        logits = forward_logits(model, ids, attn)
+        logits = forward_logits(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
         real = attn[:, 1:].float()
+        if prefix_len is not None:  # prompt positions were not computed; they are never trained on
+            real = real * (torch.arange(L - 1)[None] >= prefix_len[rows, None] - 1)
         logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:]) * real
         entropy[rows, :L - 1] = entropy_from_logits(logits) * real
     return logp, entropy
@@ -276,12 +281,14 @@ def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, refere
     t = batch.padded(tok.pad_token_id)
     mask = t["response_mask"][:, 1:]            # next-token positions that are reply tokens
     rewards = t["token_rewards"][:, 1:]
+    share = dict(prefix_len=torch.tensor(batch.prompt_len), groups=torch.tensor(batch.group_ids)
+                 ) if cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
     kl_in_reward = reference is not None and algo.kl_placement == "in_reward"
     old_logp = old_entropy = ref_logp = old_values = returns = None
     if not on_policy or kl_in_reward:
-        old_logp, old_entropy = score_tokens(actor.module, t, micro)
+        old_logp, old_entropy = score_tokens(actor.module, t, micro, **share)
     if reference is not None:
-        ref_logp, _ = score_tokens(reference.module, t, micro)
+        ref_logp, _ = score_tokens(reference.module, t, micro, **share)
         if kl_in_reward:
             rewards = rewards - algo.kl_coef * kl_penalty(old_logp, ref_logp, estimator=algo.kl_estimator) * mask
     if critic is not None:
@@ -300,7 +307,7 @@ def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, refere
         advantages = torch.zeros_like(advantages)
     return dict(t, mask=mask, old_logp=old_logp, old_entropy=old_entropy, ref_logp=ref_logp,
                 old_values=old_values, returns=returns, advantages=advantages,
-                lengths=t["attention_mask"].sum(-1))
+                lengths=t["attention_mask"].sum(-1), **share)
 
 
 def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, reference, tok, cfg, step: int,
@@ -324,7 +331,7 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
         for mb in torch.tensor_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.
-            mb = mb[torch.argsort(lengths[mb], stable=True)]
+            mb = mb[micro_batch_order(lengths[mb], None if p["groups"] is None else p["groups"][mb])]
             for rows in torch.tensor_split(mb, cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
@@ -332,7 +339,9 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                 rows = rows if len(rows) else mb[:1]
                 L = int(lengths[rows].max())
                 ids, attn, m = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
-                terms = actor_loss_terms(forward_logits(actor.forward, ids, attn), ids[:, 1:], m,
+                logits = forward_logits(actor.forward, ids, attn,
+                                        prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
+                terms = actor_loss_terms(logits, ids[:, 1:], m,
                                          cut(p["old_logp"], rows, L), p["advantages"][rows, :L - 1],
                                          cut(p["ref_logp"], rows, L), clip_low=algo.clip_low,
                                          clip_high=algo.clip_high, agg=algo.loss_agg,

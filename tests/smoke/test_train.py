@@ -119,3 +119,16 @@ def test_length_sorted_scoring_equals_one_full_forward():
     valid = attn[:, 1:].bool()
     torch.testing.assert_close(logp[valid], full[valid], atol=1e-5, rtol=1e-5)
     assert (logp[~valid] == 0).all()
+
+
+def test_shared_prefix_update_equals_the_plain_update(tmp_path, cache):
+    # PPO with a reference (KL in the loss) and two epochs exercises every shared-prompt path:
+    # behaviour scoring, reference scoring and the update; metrics must agree with the plain path.
+    common = ["train.steps=2", "algo.kl_coef=0.05", "algo.ppo_epochs=2", "collapse.every=0"]
+    a, b = MemorySink(), MemorySink()
+    run(cfg_for(tmp_path / "shared", cache, *common, "train.shared_prefix=true"), a)
+    run(cfg_for(tmp_path / "plain", cache, *common, "train.shared_prefix=false"), b)
+    for (_, x), (_, y) in zip(metrics_by_step(a), metrics_by_step(b)):
+        for k in x:
+            if k.startswith(("actor/", "rollout/", "eval/")):
+                assert x[k] == pytest.approx(y[k], rel=1e-3, abs=1e-5, nan_ok=True), k

@@ -70,6 +70,17 @@ def test_batched_equals_one_at_a_time_greedy(policy):
         assert alone.episode_reward[0] == batched.episode_reward[i]
 
 
+def test_shared_prompts_equal_separate_play(policy):
+    # Groups repeat a seed: its prompt is encoded once and copied; each episode must still play
+    # exactly as it would alone (greedy, so deterministic).
+    seeds = [7, 7, 8, 7, 8]
+    batched = play(policy, seeds)
+    for i, s in enumerate(seeds):
+        alone = play(policy, [s])
+        assert alone.token_ids[0] == batched.token_ids[i]
+        assert alone.think_spans[0] == batched.think_spans[i]
+
+
 def test_cache_with_inner_padding_matches_full_forward(policy):
     model, tok = policy
     rows = [[5, 6, 7, 8, 9], [10, 11]]

@@ -1,0 +1,111 @@
+"""Training forward that encodes each group's shared first prompt once.
+
+The rollouts of one group start from the same first chunk (system text + first state, ending with
+``<think>``), and that chunk is most of an episode's tokens: on FrozenLake ~200 prompt tokens against
+~20 reply tokens per turn. A plain forward/backward pays for it once per row; here each distinct
+prompt of a micro-batch is run once, its KV cache is indexed out to the rows that share it (indexing
+is differentiable: the backward sums the rows' gradients into the one prompt), and only the rest of
+each row is fed on top. The logits equal the plain forward's up to float rounding (tested), so the
+loss and gradients do too.
+
+    logits = forward_logits(actor.forward, ids, attn, prefix_len=prefix_len)   # [R, L-1, V]
+    order = micro_batch_order(lengths, group_ids)                               # sharers adjacent
+
+Positions before the last prompt token get zero logits: they predict prompt tokens, which are never
+trained on (the response mask is 0 there).
+"""
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+
+def _cache_arg(forward) -> str:
+    # transformers 5 calls the cache argument `cache`; older releases `past_key_values`.
+    if isinstance(forward, torch.nn.Module):
+        module = forward
+    else:  # a bound method of an engine that holds the model as `.module`
+        owner = forward.__self__
+        module = getattr(owner, "module", owner)
+    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+
+
+def forward_logits(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None = None,
+                   cache_arg: str | None = None) -> torch.Tensor:
+    """Logits predicting each next token, [R, L-1, V] float.
+
+    Args:
+        forward: a model, or an engine's forward (called with HF keyword arguments).
+        ids, attn: [R, L] right-padded token ids and attention mask.
+        prefix_len: [R] length of each row's shared first prompt, or None for one plain forward.
+            Rows whose first `prefix_len` tokens are identical share one prompt encoding.
+    """
+    if prefix_len is None:
+        return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+    R, L = ids.shape
+    device = ids.device
+    p = prefix_len.tolist()
+    keys = [tuple(ids[r, :p[r]].tolist()) for r in range(R)]
+    uniq = list(dict.fromkeys(keys))
+    owner = torch.tensor([uniq.index(k) for k in keys], device=device)      # [R] prompt of each row
+    if len(uniq) == R:   # nothing shared: one plain forward is cheaper than two
+        return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+
+    # Prompts, left-padded so they all end at the same cache column.
+    P = max(len(k) for k in uniq)
+    pre_ids = torch.zeros(len(uniq), P, dtype=torch.long, device=device)
+    pre_mask = torch.zeros(len(uniq), P, dtype=torch.long, device=device)
+    for u, k in enumerate(uniq):
+        pre_ids[u, P - len(k):] = torch.tensor(k, device=device)
+        pre_mask[u, P - len(k):] = 1
+    pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
+    arg = cache_arg or _cache_arg(forward)
+    out = forward(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True)
+    cache = out.cache if arg == "cache" else out.past_key_values
+    last = out.logits[:, -1].float()                                         # [U, V] predicts token p
+    cache.batch_select_indices(owner)                                        # [U] -> [R] rows
+
+    # The rest of each row, right-padded, at positions p .. L_r - 1.
+    lengths = attn.sum(-1)
+    n = (lengths - prefix_len).clamp(min=0)                                  # [R] continuation tokens
+    C = max(int(n.max()), 1)
+    cont_ids = torch.zeros(R, C, dtype=torch.long, device=device)
+    cont_mask = torch.zeros(R, C, dtype=torch.long, device=device)
+    for r in range(R):
+        cont_ids[r, :n[r]] = ids[r, p[r]:p[r] + int(n[r])]
+        cont_mask[r, :n[r]] = 1
+    pos = prefix_len[:, None] + torch.arange(C, device=device)[None]
+    cont = forward(input_ids=cont_ids, attention_mask=torch.cat([pre_mask[owner], cont_mask], dim=1),
+                   position_ids=pos, use_cache=True, **{arg: cache},
+                   cache_position=torch.arange(P, P + C, device=device)).logits.float()   # [R, C, V]
+
+    # Scatter into next-token positions: position p-1 (the prompt's last token) predicts token p,
+    # continuation position j predicts token p + j + 1.
+    rows, cols, src_rows, src_cols = [], [], [], []
+    for r in range(R):
+        k = int(n[r])
+        rows += [r] * max(k - 1, 0)
+        cols += list(range(p[r], p[r] + k - 1))
+        src_rows += [r] * max(k - 1, 0)
+        src_cols += list(range(0, k - 1))
+    V = last.shape[-1]
+    logits = torch.zeros(R, L - 1, V, device=device, dtype=last.dtype)
+    first = torch.nonzero(n > 0).flatten()         # rows with at least one token after the prompt
+    logits = logits.index_put((first, prefix_len[first] - 1), last[owner[first]])
+    if rows:
+        logits = logits.index_put((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
+                                  cont[torch.tensor(src_rows, device=device), torch.tensor(src_cols, device=device)])
+    return logits
+
+
+def micro_batch_order(lengths: torch.Tensor, group_ids: torch.Tensor | None) -> torch.Tensor:
+    """Row order for cutting micro-batches: by length (so each is cut to little padding) and, when
+    prompts are shared, group by group (groups ordered by their longest row), so the rows that share
+    a prompt land in the same micro-batch."""
+    if group_ids is None:
+        return torch.argsort(lengths, stable=True)
+    group_max = torch.zeros(int(group_ids.max()) + 1, dtype=lengths.dtype).scatter_reduce(
+        0, group_ids, lengths, reduce="amax")
+    key = (group_max[group_ids] * (int(group_ids.max()) + 1) + group_ids) * (int(lengths.max()) + 1) + lengths
+    return torch.argsort(key, stable=True)

@@ -1,0 +1,64 @@
+"""Shared-prompt forward equals the plain forward: logits at every trained position and gradients."""
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
+
+
+def setup():
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    a, b = torch.randint(1, 50, (7,)).tolist(), torch.randint(1, 50, (4,)).tolist()
+    # Two prompts of different lengths (7 and 4 tokens) shared by 3 and 2 rows; continuations of
+    # different lengths, one of a single token.
+    rows = [a + [3, 4, 5], a + [6, 7], b + [8, 9, 10, 11], b + [1], a + [2, 2, 2, 2, 2]]
+    prefix = torch.tensor([7, 7, 4, 4, 7])
+    L = max(map(len, rows))
+    ids = torch.zeros(len(rows), L, dtype=torch.long)
+    attn = torch.zeros(len(rows), L, dtype=torch.long)
+    trained = torch.zeros(len(rows), L - 1)      # next-token positions after the prompt
+    for r, x in enumerate(rows):
+        ids[r, :len(x)] = torch.tensor(x)
+        attn[r, :len(x)] = 1
+        trained[r, prefix[r] - 1:len(x) - 1] = 1
+    return model, ids, attn, prefix, trained
+
+
+def test_logits_equal_at_trained_positions():
+    model, ids, attn, prefix, trained = setup()
+    plain = forward_logits(model, ids, attn)
+    shared = forward_logits(model, ids, attn, prefix_len=prefix)
+    assert shared.shape == plain.shape
+    diff = ((plain - shared).abs() * trained[..., None]).detach()
+    assert float(diff.max()) < 1e-5
+
+
+def test_gradients_equal():
+    model, ids, attn, prefix, trained = setup()
+
+    def grads(prefix_len):
+        model.zero_grad()
+        logits = forward_logits(model, ids, attn, prefix_len=prefix_len)
+        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        (logp * trained).sum().backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    plain, shared = grads(None), grads(prefix)
+    assert not torch.isnan(shared).any()
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_unshared_prompts_fall_back_to_one_plain_forward():
+    model, ids, attn, _, _ = setup()
+    own = torch.tensor([7, 5, 4, 2, 6])  # prefixes that differ row to row: nothing to share
+    torch.testing.assert_close(forward_logits(model, ids, attn, prefix_len=own), forward_logits(model, ids, attn))
+
+
+def test_micro_batch_order_keeps_groups_together():
+    lengths = torch.tensor([5, 2, 4, 8, 6, 3])
+    groups = torch.tensor([0, 1, 0, 1, 0, 2])
+    # group maxima: g0 6, g1 8, g2 3 -> groups in order g2, g0, g1; inside a group by length
+    assert micro_batch_order(lengths, groups).tolist() == [5, 2, 0, 4, 1, 3]
+    # without groups: by length only
+    assert micro_batch_order(lengths, None).tolist() == [1, 5, 2, 0, 4, 3]
