@@ -441,6 +441,7 @@ class AlgoConfig:
     actor_lr: float = opt(5e-5, "policy learning rate", gt=0)
     critic_lr: float = opt(1e-4, "value-head learning rate (gae only)", gt=0)
     value_clip: float = opt(0.2, "value-loss clip range (gae only)", ge=0)
+    critic_warmup: int = opt(0, "gae only: first N steps train the critic alone, so the actor starts from useful values", ge=0)
     ppo_epochs: int = opt(1, "passes over each batch", ge=1)
     mini_batches: int = opt(1, "optimizer steps per pass", ge=1)
     max_grad_norm: float = opt(1.0, "gradient clipping norm", gt=0)

@@ -326,6 +326,8 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
     # values when there was one): parameters only move at the accumulation boundary.
     ent_sum = kl_sum = n_tok = 0.0
     B = len(batch)
+    # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
+    train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
         order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B))
         for mb in torch.tensor_split(order, algo.mini_batches):
@@ -339,20 +341,22 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                 rows = rows if len(rows) else mb[:1]
                 L = int(lengths[rows].max())
                 ids, attn, m = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
-                logits = forward_logits(actor.forward, ids, attn,
-                                        prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
-                terms = actor_loss_terms(logits, ids[:, 1:], m,
-                                         cut(p["old_logp"], rows, L), p["advantages"][rows, :L - 1],
-                                         cut(p["ref_logp"], rows, L), clip_low=algo.clip_low,
-                                         clip_high=algo.clip_high, agg=algo.loss_agg,
-                                         kl_estimator=algo.kl_estimator)
+                with torch.set_grad_enabled(train_actor):
+                    logits = forward_logits(actor.forward, ids, attn,
+                                            prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
+                    terms = actor_loss_terms(logits, ids[:, 1:], m,
+                                             cut(p["old_logp"], rows, L), p["advantages"][rows, :L - 1],
+                                             cut(p["ref_logp"], rows, L), clip_low=algo.clip_low,
+                                             clip_high=algo.clip_high, agg=algo.loss_agg,
+                                             kl_estimator=algo.kl_estimator)
                 loss = terms["pg"]
                 if algo.entropy_coef:  # actor/entropy is logged either way
                     loss = loss - algo.entropy_coef * terms["entropy"]
                 if reference is not None and algo.kl_placement == "in_loss":
                     loss = loss + algo.kl_coef * terms["kl"]
-                actor.backward(loss * loss_scale * weight)
-                actor.step()
+                if train_actor:
+                    actor.backward(loss * loss_scale * weight)
+                    actor.step()
                 if epoch == 0 and weight and p["old_logp"] is None:
                     ent_sum += float((terms["entropy_tok"] * m).sum())
                     if reference is not None:
@@ -369,7 +373,7 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                     critic.step()
                     logs.setdefault("critic/value_loss", []).append(float(vloss.detach()))
                     logs.setdefault("critic/vf_clipfrac", []).append(float(vstats["vf_clipfrac"]))
-            logs.setdefault("actor/grad_norm", []).append(actor.grad_norm())
+            logs.setdefault("actor/grad_norm", []).append(actor.grad_norm() if train_actor else float("nan"))
 
     # ============================================================ metrics
     out = {k: float(np.mean(v)) for k, v in logs.items()}

@@ -132,3 +132,15 @@ def test_shared_prefix_update_equals_the_plain_update(tmp_path, cache):
         for k in x:
             if k.startswith(("actor/", "rollout/", "eval/")):
                 assert x[k] == pytest.approx(y[k], rel=1e-3, abs=1e-5, nan_ok=True), k
+
+
+def test_critic_warmup_freezes_the_actor_only(tmp_path, cache):
+    # A one-step run that is all warm-up: the critic trains (its loss is logged), the exported actor
+    # equals its starting point.
+    run(cfg_for(tmp_path, cache, "train.steps=1", "algo.advantage=gae", "algo.critic_warmup=1", "collapse.every=0"),
+        sink := MemorySink())
+    start = AutoModelForCausalLM.from_pretrained(next(cache.glob("embedded-*")))
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "policy")
+    assert all(torch.equal(p, q) for p, q in zip(start.parameters(), trained.parameters()))
+    m = sink.metrics[0][1]
+    assert math.isnan(m["actor/grad_norm"]) and math.isfinite(m["critic/value_loss"]) and math.isfinite(m["actor/entropy"])
