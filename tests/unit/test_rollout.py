@@ -61,24 +61,16 @@ def test_think_spans_lie_inside_replies(policy):
             assert s <= e and all(batch.response_mask[b][i] == 1 for i in range(s, e))
 
 
-def test_batched_equals_one_at_a_time_greedy(policy):
-    seeds = [7, 8, 9, 10, 11]
-    batched = play(policy, seeds)
-    for i, s in enumerate(seeds):
-        alone = play(policy, [s])
-        assert alone.token_ids[0] == batched.token_ids[i]
-        assert alone.episode_reward[0] == batched.episode_reward[i]
-
-
-def test_shared_prompts_equal_separate_play(policy):
-    # Groups repeat a seed: its prompt is encoded once and copied; each episode must still play
-    # exactly as it would alone (greedy, so deterministic).
-    seeds = [7, 7, 8, 7, 8]
+# Distinct seeds, and repeated ones (a repeated prompt is encoded once and its cache copied to every
+# episode of the seed): each episode must play exactly as it would alone (greedy, so deterministic).
+@pytest.mark.parametrize("seeds", [[7, 8, 9, 10, 11], [7, 7, 8, 7, 8]])
+def test_batched_equals_one_at_a_time_greedy(policy, seeds):
     batched = play(policy, seeds)
     for i, s in enumerate(seeds):
         alone = play(policy, [s])
         assert alone.token_ids[0] == batched.token_ids[i]
         assert alone.think_spans[0] == batched.think_spans[i]
+        assert alone.episode_reward[0] == batched.episode_reward[i]
 
 
 def test_cache_with_inner_padding_matches_full_forward(policy):
