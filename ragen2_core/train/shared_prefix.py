@@ -105,7 +105,7 @@ def micro_batch_order(lengths: torch.Tensor, group_ids: torch.Tensor | None) -> 
     a prompt land in the same micro-batch."""
     if group_ids is None:
         return torch.argsort(lengths, stable=True)
-    group_max = torch.zeros(int(group_ids.max()) + 1, dtype=lengths.dtype).scatter_reduce(
+    group_max = torch.zeros(int(group_ids.max()) + 1, dtype=lengths.dtype, device=lengths.device).scatter_reduce(
         0, group_ids, lengths, reduce="amax")
     key = (group_max[group_ids] * (int(group_ids.max()) + 1) + group_ids) * (int(lengths.max()) + 1) + lengths
     return torch.argsort(key, stable=True)

@@ -63,14 +63,15 @@ def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None 
     in length order (group by group when sharing), each chunk cut to its longest row."""
     B, T = t["input_ids"].shape
     lengths = t["attention_mask"].sum(-1)
-    logp, entropy = torch.zeros(B, T - 1), torch.zeros(B, T - 1)
+    device = t["input_ids"].device
+    logp, entropy = torch.zeros(B, T - 1, device=device), torch.zeros(B, T - 1, device=device)
     for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
         L = int(lengths[rows].max())
         ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
         logits = forward_logits(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
         real = attn[:, 1:].float()
         if prefix_len is not None:  # prompt positions were not computed; they are never trained on
-            real = real * (torch.arange(L - 1)[None] >= prefix_len[rows, None] - 1)
+            real = real * (torch.arange(L - 1, device=device)[None] >= prefix_len[rows, None] - 1)
         logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:]) * real
         entropy[rows, :L - 1] = entropy_from_logits(logits) * real
     return logp, entropy
@@ -103,7 +104,8 @@ def run(cfg, sink) -> dict:
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
     engine_kw = dict(zero_stage=cfg.train.zero_stage, grad_accum=cfg.train.grad_accum,
                      micro_batch_size=micro, max_grad_norm=algo.max_grad_norm,
-                     user_config=cfg.train.deepspeed_config)
+                     user_config=cfg.train.deepspeed_config,
+                     bf16=cfg.policy.dtype == "bfloat16")  # fp32 master weights under a bf16 model
     actor = TrainEngine(model, lr=algo.actor_lr, **engine_kw)
     critic = (TrainEngine(build_critic(policy_path, model), lr=algo.critic_lr, **engine_kw)
               if algo.advantage == "gae" else None)
@@ -278,10 +280,12 @@ def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, refere
     update's own forward pass gives them, since the parameters do not move before its single step.
     """
     algo = cfg.algo
-    t = batch.padded(tok.pad_token_id)
+    device = next(actor.module.parameters()).device
+    t = {k: v.to(device) for k, v in batch.padded(tok.pad_token_id).items()}
     mask = t["response_mask"][:, 1:]            # next-token positions that are reply tokens
     rewards = t["token_rewards"][:, 1:]
-    share = dict(prefix_len=torch.tensor(batch.prompt_len), groups=torch.tensor(batch.group_ids)
+    share = dict(prefix_len=torch.tensor(batch.prompt_len, device=device),
+                 groups=torch.tensor(batch.group_ids, device=device)
                  ) if cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
     kl_in_reward = reference is not None and algo.kl_placement == "in_reward"
     old_logp = old_entropy = ref_logp = old_values = returns = None
@@ -299,10 +303,10 @@ def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, refere
         advantages, returns = gae_advantages(rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
         advantages = masked_whiten(advantages, mask)
     else:
-        seq_adv = group_advantages(rewards.sum(-1), torch.tensor(batch.group_ids),
+        seq_adv = group_advantages(rewards.sum(-1), torch.tensor(batch.group_ids, device=device),
                                    norm_by_std=algo.advantage == "grpo")
         advantages = broadcast_to_tokens(seq_adv, mask)
-    advantages = advantages * row_weight[:, None]         # soft reweighting (ones when off)
+    advantages = advantages * row_weight.to(device)[:, None]   # soft reweighting (ones when off)
     if cfg.filter.zero_task_advantage:
         advantages = torch.zeros_like(advantages)
     return dict(t, mask=mask, old_logp=old_logp, old_entropy=old_entropy, ref_logp=ref_logp,
@@ -329,7 +333,7 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
     # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
     train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
-        order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B))
+        order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)).to(lengths.device)
         for mb in torch.tensor_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.
@@ -399,7 +403,7 @@ def probe_gradients(batch: RolloutBatch, spread: torch.Tensor, row_weight: torch
     bucket_of_row = spread_buckets(spread, n_buckets=cfg.grad_probe.buckets)[group_of_row]
     n_buckets = cfg.grad_probe.buckets if cfg.grad_probe.buckets > 1 else 0
     row_sets = [torch.arange(len(batch))] + [torch.nonzero(bucket_of_row == b).flatten() for b in range(n_buckets)]
-    stats = gradient_probe(actor.module, p, row_sets, algo=cfg.algo, micro=micro)
+    stats = gradient_probe(actor.module, p, [r.to(p["lengths"].device) for r in row_sets], algo=cfg.algo, micro=micro)
     out = {f"actor/{k}": v for k, v in stats[0].items()}
     for b, st in enumerate(stats[1:]):
         rows = row_sets[b + 1]
