@@ -25,9 +25,10 @@ setup(
         "pyyaml>=6.0",
         "numpy>=1.26",
         "matplotlib>=3.8",
+        "scipy>=1.15",
     ],
     extras_require={
-        "dev": ["pytest>=8.0", "pytest-timeout>=2.3"],
+        "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "pypdf>=4"],
         "bench": ["trl>=0.20"],
     },
     entry_points={"console_scripts": ["ragen2=ragen2_core.cli:main"]},

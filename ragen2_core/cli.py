@@ -5,6 +5,7 @@
     ragen2 warmstart [--config FILE] [--set key=value ...]     # build / locate the cached embedded policy
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
     ragen2 mi --rollouts FILE --model PATH_OR_NAME [...]       # MI proxy on dumped rollouts, see docs/mi.md
+    ragen2 report --experiment NAME [--tracking-uri URI] [--out FILE.pdf]   # see docs/reports.md
 
 Bad configuration prints every error (field, value, fix) and exits with status 2 before any work.
 """
@@ -109,9 +110,13 @@ COMMANDS = {"train": cmd_train, "eval": cmd_eval, "warmstart": cmd_warmstart, "c
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["mi"]:  # takes no training config: its own arguments only
+    # These take no training config, only their own arguments.
+    if argv[:1] == ["mi"]:
         from ragen2_core import mi_offline
         return mi_offline.main(argv[1:])
+    if argv[:1] == ["report"]:
+        from ragen2_core.report import build
+        return build.main(argv[1:])
     parser = argparse.ArgumentParser(prog="ragen2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -130,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     _config_args(p)
     p.add_argument("--describe", action="store_true")
     sub.add_parser("mi", help="MI proxy of dumped rollouts under any causal LM (ragen2 mi --help)", add_help=False)
+    sub.add_parser("report", help="comparative PDF report of a sweep from MLflow (ragen2 report --help)", add_help=False)
     args = parser.parse_args(argv)
     try:
         extra = [f"tracking.uri={args.tracking_uri}"] if getattr(args, "tracking_uri", None) else []

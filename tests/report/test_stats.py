@@ -1,0 +1,111 @@
+"""Report statistics on tiny samples whose expected values are derived in the comments."""
+import math
+
+import numpy as np
+import pytest
+
+from ragen2_core.report import stats
+
+
+def test_iqm_by_hand():
+    # sorted: 0 1 2 3 4 5 6 100; 25 % of 8 = 2 cut from each end -> mean(2, 3, 4, 5) = 3.5
+    assert stats.iqm([0, 1, 2, 3, 4, 100, 5, 6]) == pytest.approx(3.5)
+    assert stats.iqm([]) is None
+
+
+def test_all_equal_seeds_give_a_zero_width_interval_not_nan():
+    # BCa divides by the jackknife spread, 0 here: scipy returns NaN. The report states the fallback.
+    est = stats.mean_ci([0.25, 0.25, 0.25])
+    assert (est.value, est.low, est.high, est.n) == (0.25, 0.25, 0.25, 3)
+    assert "all equal" in est.method
+    assert stats.fmt_ci(est) == "0.250 [0.250, 0.250]"
+    assert "nan" not in stats.fmt_ci(stats.mean_ci([float("nan"), 0.5])).lower()
+
+
+def test_edges_never_print_nan():
+    assert stats.fmt_ci(stats.mean_ci([])) == stats.DASH          # no data
+    one = stats.mean_ci([0.4])                                    # one seed: a value, no interval
+    assert (one.value, one.low, one.high) == (0.4, None, None) and stats.fmt_ci(one) == "0.400"
+    assert stats.fmt(float("nan")) == stats.DASH and stats.fmt(None) == stats.DASH
+    assert stats.fmt_p(None) == stats.DASH
+
+
+def test_bca_is_used_from_ten_seeds_and_falls_back_when_undefined():
+    assert stats.mean_ci(np.arange(10.0)).method == "BCa bootstrap"
+    assert stats.mean_ci([0.2, 0.3, 0.4]).method == "percentile bootstrap"   # few seeds: see stats.choose
+    # Degenerate for BCa but not all equal: 9 equal values and one outlier still gets an interval.
+    est = stats.mean_ci([1.0] * 9 + [2.0], method="BCa")
+    assert est.low is not None and est.low <= est.value <= est.high
+
+
+def test_bootstrap_interval_coverage_sanity():
+    # 60 normal samples of n=20 with true mean 0: a 95 % interval should cover 0 most of the time.
+    # Binomial(60, 0.95) falls below 50 with probability < 0.1 %; bootstrap intervals undercover a
+    # little at n=20, so the bound is loose on purpose: this catches a broken interval, not a 1 % bias.
+    rng = np.random.default_rng(1)
+    covered = 0
+    for _ in range(60):
+        est = stats.mean_ci(rng.normal(0, 1, 20), n_resamples=500)
+        covered += est.low <= 0 <= est.high
+    assert covered >= 50
+
+
+def test_t_interval_by_hand():
+    # mean 0.3, sd 0.1, se 0.1/sqrt(3); t(0.975, 2) = 4.3027 -> 0.3 +- 0.24842
+    est = stats.t_ci([0.2, 0.3, 0.4])
+    assert est.low == pytest.approx(0.3 - 0.24842, abs=1e-4) and est.high == pytest.approx(0.3 + 0.24842, abs=1e-4)
+
+
+def test_permutation_p_exact_tiny_case():
+    # x = 1 2 3, y = 4 5 6: C(6, 3) = 20 equally likely splits; only the observed one and its mirror
+    # image reach |mean difference| = 3, so the two-sided p = 2 / 20 = 0.1.
+    assert stats.permutation_p([1, 2, 3], [4, 5, 6]) == pytest.approx(0.1)
+    assert stats.smallest_p(3, 3) == pytest.approx(0.1)
+    assert stats.permutation_p([1, 1], [1, 1]) == 1.0
+
+
+def test_spearman_by_hand():
+    # ranks x = 1 2 3 4, y = 1 3 2 4: d = 0 -1 1 0, sum d^2 = 2; rho = 1 - 6*2 / (4 * 15) = 0.8
+    r = stats.spearman_ci([1, 2, 3, 4], [1, 3, 2, 4])
+    assert r["rho"] == pytest.approx(0.8)
+    assert r["low"] <= 0.8 <= r["high"] and r["n"] == 4
+    assert stats.spearman_ci([1, 2], [1, 2])["rho"] is None          # too few trials: said, not NaN
+    assert stats.spearman_ci([1, 1, 1], [1, 2, 3])["rho"] is None     # constant predictor
+
+
+def test_holm_by_hand():
+    # p = .01 .04 .03, m = 3; sorted .01*3 = .03, .03*2 = .06, .04*1 = .04 -> running max .03 .06 .06
+    assert stats.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert stats.holm([0.5, None]) == [0.5, None]
+
+
+def test_bh_matches_hand_values():
+    # BH: sorted .01 .03 .04 -> .01*3/1 = .03, .03*3/2 = .045, .04*3/3 = .04; step-up min from the top:
+    # .03, .04, .04 -> in input order [.03, .04, .04]
+    assert stats.bh([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.04, 0.04])
+
+
+def test_probability_of_improvement_by_hand():
+    # x = 1 2 3 vs y = 2 2 0: wins + half ties over 9 pairs: x=1 beats 0 (1); x=2 ties 2,2 (0.5+0.5)
+    # and beats 0 (1); x=3 beats all (3) -> 6 / 9
+    est = stats.probability_of_improvement([[1, 2, 3]], [[2, 2, 0]])
+    assert est.value == pytest.approx(6 / 9)
+    assert 0 <= est.low <= est.value <= est.high <= 1
+    # two conditions: the mean of the per-condition probabilities, (1 + 0) / 2
+    assert stats.probability_of_improvement([[5, 6], [0, 0]], [[1, 2], [3, 4]]).value == pytest.approx(0.5)
+
+
+def test_stratified_iqm_and_profile():
+    est = stats.stratified_iqm_ci([[0.1, 0.2, 0.3], [0.5, 0.6, 0.9]])
+    # all six: 0.1 0.2 0.3 0.5 0.6 0.9; int(0.25 * 6) = 1 cut per end -> mean(0.2, 0.3, 0.5, 0.6) = 0.4
+    assert est.value == pytest.approx(0.4) and est.low <= 0.4 <= est.high
+    prof = stats.performance_profile([0.2, 0.4, 0.6, 0.8], [0.0, 0.5, 0.8])
+    # > 0.0: all 4; > 0.5: 0.6 and 0.8; > 0.8: none
+    assert list(prof["frac"]) == [1.0, 0.5, 0.0]
+
+
+def test_diff_interval():
+    d = stats.diff_ci([0.5, 0.6, 0.7], [0.2, 0.3, 0.4])
+    assert d.value == pytest.approx(0.3) and d.low <= 0.3 <= d.high
+    assert stats.diff_ci([0.5], []).value is None
+    assert math.isclose(stats.diff_ci([0.5, 0.5], [0.2, 0.2]).low, 0.3)
