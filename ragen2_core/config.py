@@ -124,7 +124,7 @@ def _scalar(value, tp, meta, path, errors):
 def _convert(value, tp, meta, path, errors):
     """The validated value for annotation `tp`, or _BAD after recording why."""
     if dataclasses.is_dataclass(tp):
-        return _build(tp, value, path, errors)
+        return build_section(tp, value, path, errors)
     inner = _optional_inner(tp)
     if inner is not None:
         return None if value is None else _convert(value, inner, meta, path, errors)
@@ -140,7 +140,7 @@ def _convert(value, tp, meta, path, errors):
     return _scalar(value, tp, meta, path, errors)
 
 
-def _build(cls, data, path, errors):
+def build_section(cls, data, path, errors):
     """Instantiate section `cls` from a mapping, appending every problem to `errors`."""
     if dataclasses.is_dataclass(data) and not isinstance(data, type):
         data = to_dict(data)
@@ -196,10 +196,10 @@ def _with_base(data: dict, root: Path, chain: tuple) -> dict:
         return data
     if not isinstance(base, str):
         raise ConfigError([f"base: expected a path to a YAML file, got {base!r}"])
-    return _merge(_read_yaml(root / base, chain), data)
+    return _merge(read_yaml(root / base, chain), data)
 
 
-def _read_yaml(path: Path, chain: tuple = ()) -> dict:
+def read_yaml(path: Path, chain: tuple = ()) -> dict:
     path = Path(path).expanduser().resolve()
     if path in chain:
         cycle = " -> ".join(str(p) for p in chain + (path,))
@@ -217,7 +217,7 @@ def _read_yaml(path: Path, chain: tuple = ()) -> dict:
     return _with_base(data, path.parent, chain + (path,))
 
 
-def _schema_problem(key: str) -> Optional[str]:
+def schema_problem(key: str) -> Optional[str]:
     """Why dotted `key` names no field of TrainConfig, or None when it does."""
     cls, parts = TrainConfig, key.split(".")
     for i, part in enumerate(parts):
@@ -236,7 +236,7 @@ def _apply_override(data: dict, text: str, errors: list[str]) -> None:
     if not sep or not key:
         errors.append(f"override {text!r} is malformed; write it as dotted.key=value, e.g. rollout.group_size=8")
         return
-    problem = _schema_problem(key)
+    problem = schema_problem(key)
     if problem:
         errors.append(f"override {text!r}: {problem}")
         return
@@ -268,7 +268,7 @@ def load_config(source=None, overrides=()) -> "TrainConfig":
     elif dataclasses.is_dataclass(source) and not isinstance(source, type):
         data = to_dict(source)
     elif isinstance(source, (str, os.PathLike)):
-        data = _read_yaml(Path(source))
+        data = read_yaml(Path(source))
     else:
         raise ConfigError([f"config source must be a YAML path, a dict or None, got {type(source).__name__}"])
     if isinstance(overrides, str):
@@ -276,7 +276,7 @@ def load_config(source=None, overrides=()) -> "TrainConfig":
     errors: list[str] = []
     for text in overrides:
         _apply_override(data, text, errors)
-    cfg = _build(TrainConfig, data, "", errors)
+    cfg = build_section(TrainConfig, data, "", errors)
     if errors:
         raise ConfigError(errors)
     return cfg

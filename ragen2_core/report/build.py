@@ -140,13 +140,20 @@ def _plain(v):
     return v
 
 
+def _temp_beside(path: Path) -> Path:
+    """Write here, then `os.replace` onto `path`: a killed build never leaves a half-written file."""
+    return path.with_name(f".tmp-{path.name}")
+
+
 def write_csv(path: Path, rows: list[dict]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    with open(path, "w", newline="") as fh:
+    tmp = _temp_beside(path)
+    with open(tmp, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=keys)
         w.writeheader()
         for r in rows:
             w.writerow({k: "" if r.get(k) is None else r[k] for k in keys})  # empty cell, never "nan"
+    os.replace(tmp, path)
 
 
 def trial_rows(sweep: Sweep) -> list[dict]:
@@ -176,9 +183,10 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     with matplotlib.rc_context({"pdf.fonttype": 42}):  # TrueType: the PDF's text can be selected and searched
-        with PdfPages(out, metadata={"Title": f"ragen2 sweep report: {experiment}", "Subject": prov["question"]}) as pdf:
+        with PdfPages(_temp_beside(out), metadata={"Title": f"ragen2 sweep report: {experiment}", "Subject": prov["question"]}) as pdf:
             for fig in pages:
                 pdf.savefig(fig)
+    os.replace(_temp_beside(out), out)
     stem = out.with_suffix("")
     tables = {"table": result["table"], "comparisons": result["comparisons"], "cost": result["cost"],
               "predictors": [{k: v for k, v in r.items() if k != "points"} for r in result["predictors"]],
@@ -188,7 +196,8 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
     summary = _plain({"experiment": experiment, "pdf": str(out), "pages": len(pages), "baseline": baseline,
                       "seeds": result["seeds"], "notes": sweep.notes, "provenance": prov, **tables,
                       "iqm": result["robust"]["iqm"], "probability_of_improvement": result["robust"]["poi"]})
-    Path(f"{stem}.json").write_text(json.dumps(summary, indent=1, allow_nan=False))
+    _temp_beside(Path(f"{stem}.json")).write_text(json.dumps(summary, indent=1, allow_nan=False))
+    os.replace(_temp_beside(Path(f"{stem}.json")), Path(f"{stem}.json"))
     return out, summary
 
 

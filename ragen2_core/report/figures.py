@@ -6,7 +6,6 @@ Every function returns a list of figures so a section may span pages. Text is dr
 from __future__ import annotations
 
 import textwrap
-from typing import Optional
 
 import matplotlib
 import numpy as np

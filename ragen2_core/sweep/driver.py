@@ -1,0 +1,290 @@
+"""Sweep driver: spec -> validated trials -> MLflow parent run -> Ray Tune -> summary.
+
+    python sweeps/run.py ablations/kl_vs_filter.yaml [--dry-run] [--resume] [--tracking-uri URI]
+                         [--address ADDR] [--progress-every S]
+
+Exit status: 0 every trial finished; 1 some trial failed; 2 invalid spec, or results already
+exist and --resume was not given (nothing started); 130 interrupted (continue with --resume).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+from ragen2_core.config import load_config
+from ragen2_core.sweep.spec import SpecError, SweepSpec
+from ragen2_core.sweep.trials import Trial, load_spec, spec_hash
+
+EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+# ----------------------------------------------------------------------------- tables
+
+def trial_table(spec: SweepSpec, trials: list[Trial]) -> list[dict]:
+    keys = sorted({k for t in trials for k in t.values})
+    return [{"trial_id": t.trial_id, "arm": t.arm, "seed": t.seed, **{k: t.values.get(k, "") for k in keys}}
+            for t in trials]
+
+
+def to_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    if rows:
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    return buf.getvalue()
+
+
+def to_text(rows: list[dict]) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(rows[0])
+    cells = [[str(c) for c in cols]] + [[_cell(r[c]) for c in cols] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(cols))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells)
+
+
+def _cell(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def dry_run(spec: SweepSpec, trials: list[Trial]) -> str:
+    what = f"{len(trials)} trials" if spec.search.kind != "optuna" else \
+        f"{spec.search.samples} optuna trials over {', '.join(spec.search.space)} (template below)"
+    return f"{spec.name}: {what}; base {spec.base_path}\n{to_text(trial_table(spec, trials))}\n"
+
+
+# ----------------------------------------------------------------------------- summary
+
+def summarize(client, experiment_id: str, parent_id: str, metric: str) -> tuple[list[dict], list[dict]]:
+    """(per trial, per group) rows from the sweep's child runs: what MLflow holds is the record."""
+    from ragen2_core.sweep.tracker import find_runs
+    runs = find_runs(client, experiment_id, mlflow__parentRunId=parent_id)
+    per_trial = sorted(({"trial_id": r.data.tags.get("ragen2.trial_id", "?"), "group": r.data.tags.get("ragen2.group", "?"),
+                         "seed": r.data.tags.get("ragen2.seed", "?"), "status": r.info.status,
+                         metric: r.data.metrics.get(metric, math.nan),
+                         "stop_reason": r.data.tags.get("ragen2.stop_reason", "")} for r in runs),
+                       key=lambda row: (row["group"], row["seed"]))
+    groups: dict[str, list[dict]] = {}
+    for row in per_trial:
+        groups.setdefault(row["group"], []).append(row)
+    per_group = []
+    for name, rows in groups.items():
+        values = [r[metric] for r in rows if r["status"] == "FINISHED" and not math.isnan(r[metric])]
+        mean = statistics.fmean(values) if values else math.nan
+        std = statistics.stdev(values) if len(values) > 1 else math.nan
+        per_group.append({"group": name, "done": sum(r["status"] == "FINISHED" for r in rows),
+                          "failed": sum(r["status"] == "FAILED" for r in rows),
+                          "other": sum(r["status"] not in ("FINISHED", "FAILED") for r in rows),
+                          f"{metric} mean": mean, "std": std, "n": len(values)})
+    return per_trial, per_group
+
+
+# ----------------------------------------------------------------------------- the run
+
+def _refuse(msg: str) -> int:
+    print(f"sweep: {msg}", file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def write_report(uri: str, spec: SweepSpec, parent, out: Path) -> Path | None:
+    """The comparative PDF (and its tables) of the sweep, logged to the parent run. A report that
+    fails to build must not cost the sweep: it is reported, and `ragen2 report` can retry it."""
+    from ragen2_core.report.build import build_report
+    try:
+        pdf = build_report(uri, spec.experiment, out)
+    except Exception as err:  # noqa: BLE001 (any failure here is the report's, not the sweep's)
+        print(f"report: not built ({type(err).__name__}: {err}); retry with "
+              f"ragen2 report --experiment {spec.experiment} --tracking-uri {uri}", file=sys.stderr)
+        return None
+    for f in sorted(pdf.parent.glob(f"{pdf.stem}.*")):
+        parent.log_artifact(f, "report")
+    return pdf
+
+
+def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_every: float = 30.0,
+              report_out: Path | None = None) -> int:
+    import ray
+    from mlflow.tracking import MlflowClient
+    from ray import tune
+
+    from ragen2_core.sweep.progress import Progress
+    from ragen2_core.sweep.tracker import SweepTracker, find_runs
+    from ragen2_core.sweep.trainable import OBJECTIVE, CollapseStopper, resolve, train_trial
+    from ragen2_core.tracking import MlflowSink, git_sha
+    from ragen2_core.tracking.mlflow_sink import default_tracking_uri
+
+    uri = spec.tracking.uri or default_tracking_uri()
+    client = MlflowClient(uri)
+    digest = spec_hash(spec)
+    exp = client.get_experiment_by_name(spec.experiment)
+    parents = find_runs(client, exp.experiment_id, ragen2__role="sweep", ragen2__sweep=spec.name) if exp else []
+    exp_dir = spec.sweep_dir
+    tune_state = tune.Tuner.can_restore(str(exp_dir))
+    if (parents or tune_state or (exp_dir / "trials").exists()) and not resume:
+        where = f"MLflow run {parents[0].info.run_id} in experiment '{spec.experiment}'" if parents else str(exp_dir)
+        return _refuse(f"sweep '{spec.name}' already has results ({where}). Continue it with --resume; "
+                       f"to start over, use another `name:` or delete {exp_dir} and that MLflow run.")
+    if parents and parents[0].data.tags.get("ragen2.sweep_hash") != digest:
+        return _refuse(f"the spec of sweep '{spec.name}' changed since it started (hash "
+                       f"{parents[0].data.tags.get('ragen2.sweep_hash')} -> {digest}); a resumed sweep must run "
+                       "the same trials. Restore the spec or give the new one another `name:`.")
+
+    # ------------------------------------------------------------ parent run (created before Ray: one writer)
+    if parents:
+        parent = MlflowSink(tracking_uri=uri, run_id=parents[0].info.run_id)
+        print(f"sweep: resuming '{spec.name}' (MLflow run {parent.run_id})")
+    else:
+        parent = MlflowSink(tracking_uri=uri, experiment=spec.experiment, run_name=spec.name,
+                            tags={"ragen2.role": "sweep", "ragen2.sweep": spec.name, "ragen2.sweep_hash": digest,
+                                  "ragen2.git_sha": git_sha(Path(__file__).parent) or "unknown",
+                                  "ragen2.trials": str(len(trials))})
+        parent.log_params({f"spec.{k}": v for k, v in flatten_spec(spec).items()})
+        parent.log_text(spec.text, "spec.yaml")
+        parent.log_text(to_csv(trial_table(spec, trials)), "trials.csv")
+    by_id = {t.trial_id: t for t in trials}
+    finished = {r.data.tags.get("ragen2.trial_id") for r in
+                find_runs(client, parent.experiment_id, mlflow__parentRunId=parent.run_id) if r.info.status == "FINISHED"}
+
+    # ------------------------------------------------------------ Ray Tune
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # eval metrics come every eval_every steps only
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 this silences Tune: Progress reports instead
+    # "local" starts a private cluster even where another `ray start` cluster runs on this machine.
+    ray.init(address=spec.ray.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             configure_logging=True, logging_level="warning")
+    trainable = tune.with_resources(tune.with_parameters(train_trial, spec=spec, trials=by_id),
+                                    {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    steps = {t.trial_id: load_config(spec.base_path, t.overrides).train.steps for t in trials}
+    tracker = SweepTracker(uri, parent.experiment_id, parent.run_id, spec, by_id)
+    total = spec.search.samples if spec.search.kind == "optuna" else len(trials)
+    progress = Progress(spec, by_id, total=total, steps=steps, every_s=progress_every)
+    stopper = CollapseStopper(spec.stopper.metric, spec.stopper.below, spec.stopper.patience) if spec.stopper else None
+    name_of = lambda trial: resolve(spec, by_id, trial.config).trial_id  # noqa: E731 (Tune wants a callable)
+
+    if resume and tune_state:
+        tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_unfinished=True, resume_errored=True)
+        # The restored RunConfig holds the callbacks pickled by the first run; use this run's live ones.
+        run_config = tuner._local_tuner.get_run_config()
+        run_config.callbacks, run_config.stop = [tracker, progress], stopper
+    else:
+        todo = [t for t in trials if t.trial_id not in finished]  # state lost before Tune saved it: MLflow knows
+        if spec.search.kind == "optuna":
+            space = {"trial": trials[0].trial_id, "sample": optuna_space(spec)}
+        else:
+            space = {"trial": tune.grid_search([t.trial_id for t in todo])}
+        tuner = tune.Tuner(
+            trainable, param_space=space,
+            tune_config=tune.TuneConfig(
+                metric=OBJECTIVE, mode=spec.mode, search_alg=search_alg(spec),
+                scheduler=scheduler(spec), num_samples=spec.search.samples if spec.search.kind == "optuna" else 1,
+                max_concurrent_trials=spec.max_concurrent or None,
+                trial_name_creator=name_of, trial_dirname_creator=name_of),
+            run_config=tune.RunConfig(
+                name=spec.name, storage_path=str(exp_dir.parent), stop=stopper, callbacks=[tracker, progress],
+                failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=0, log_to_file=True))
+        progress.done_before = len(finished)
+    interrupted = False
+    try:
+        tuner.fit()  # Tune turns Ctrl-C into a clean stop that saves its state
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        tracker.close_open("KILLED")
+        ray.shutdown()
+
+    # ------------------------------------------------------------ summary
+    per_trial, per_group = summarize(client, parent.experiment_id, parent.run_id, spec.metric)
+    interrupted = interrupted or len([r for r in per_trial if r["status"] in ("FINISHED", "FAILED")]) < total
+    failed = sum(r["status"] == "FAILED" for r in per_trial)
+    parent.log_text(to_csv(per_trial), "summary/trials.csv")
+    parent.log_text(to_csv(per_group), "summary/groups.csv")
+    parent.log_text(to_text(per_group) + "\n", "summary/groups.txt")
+    parent.log_metrics({"trials_finished": sum(r["status"] == "FINISHED" for r in per_trial),
+                        "trials_failed": failed}, step=0)
+    print(f"\n{spec.name}: per group ({spec.metric} over seeds, finished trials)\n{to_text(per_group)}")
+    if failed:
+        print("\nfailed trials:\n" + to_text([r for r in per_trial if r["status"] == "FAILED"]))
+    pdf = write_report(uri, spec, parent, report_out) if report_out else None
+    parent.close("KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
+    print(f"\nMLflow: experiment '{spec.experiment}' (id {parent.experiment_id}), sweep run {parent.run_id}\n"
+          f"  browse: mlflow ui --backend-store-uri {uri}   then open "
+          f"http://127.0.0.1:5000/#/experiments/{parent.experiment_id}/runs")
+    if pdf:
+        print(f"report: {pdf}")
+    if interrupted:
+        print(f"sweep interrupted; continue with: python sweeps/run.py {spec.path} --resume")
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def flatten_spec(spec: SweepSpec) -> dict:
+    """The spec as MLflow params: one per axis / arm key, so runs can be filtered by them."""
+    out = {"name": spec.name, "base": spec.base, "seeds": spec.seeds, "search.kind": spec.search.kind,
+           "metric": spec.metric, "mode": spec.mode, "resources.cpu": spec.resources.cpu,
+           "resources.gpu": spec.resources.gpu, "max_concurrent": spec.max_concurrent}
+    out |= {f"fixed.{k}": v for k, v in spec.fixed.items()}
+    out |= {f"axes.{k}": v for k, v in spec.axes.items()}
+    out |= {f"zip.{i}.{k}": v for i, g in enumerate(spec.zip) for k, v in g.items()}
+    out |= {f"arms.{n}.{k}": v for n, a in spec.arms.items() for k, v in a.items()}
+    out |= {f"search.space.{k}": v for k, v in spec.search.space.items()}
+    return out
+
+
+def optuna_space(spec: SweepSpec) -> dict:
+    from ray import tune
+    make = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
+    return {k: (tune.choice(args) if kind == "choice" else make[kind](*args))
+            for k, (kind, args) in spec.search.space.items()}
+
+
+def search_alg(spec: SweepSpec):
+    if spec.search.kind != "optuna":
+        return None  # grid and random are expanded up front, so their trial ids are known before the run
+    from ray.tune.search.optuna import OptunaSearch
+    from ray.tune.search import ConcurrencyLimiter
+    alg = OptunaSearch(seed=spec.search.seed)
+    return ConcurrencyLimiter(alg, max_concurrent=spec.max_concurrent) if spec.max_concurrent else alg
+
+
+def scheduler(spec: SweepSpec):
+    if spec.scheduler is None:
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+    s = spec.scheduler
+    return ASHAScheduler(time_attr="step", max_t=s.max_t, grace_period=s.grace_period,
+                         reduction_factor=s.reduction_factor)
+
+
+# ----------------------------------------------------------------------------- command line
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python sweeps/run.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec", help="sweep spec YAML, e.g. ablations/kl_vs_filter.yaml")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded trial table and exit")
+    parser.add_argument("--resume", action="store_true", help="continue a sweep that already has results")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: spec, $MLFLOW_TRACKING_URI, ./mlflow.db)")
+    parser.add_argument("--address", help="join an existing Ray cluster, e.g. auto or ray://head:10001")
+    parser.add_argument("--progress-every", type=float, default=30.0, metavar="S",
+                        help="seconds between progress tables (default 30)")
+    parser.add_argument("--report-out", metavar="PDF", help="report path (default reports/out/<name>.pdf)")
+    parser.add_argument("--no-report", action="store_true", help="skip the PDF report at the end")
+    args = parser.parse_args(argv)
+    try:
+        spec, trials = load_spec(args.spec)
+    except SpecError as err:
+        print(f"sweep: invalid spec:\n{err}", file=sys.stderr)
+        return EXIT_REFUSED
+    spec.tracking.uri = args.tracking_uri or spec.tracking.uri
+    spec.ray.address = args.address or spec.ray.address
+    if args.dry_run:
+        print(dry_run(spec, trials), end="")
+        return EXIT_OK
+    report_out = None if args.no_report else Path(args.report_out or f"reports/out/{spec.name}.pdf")
+    return run_sweep(spec, trials, resume=args.resume, progress_every=args.progress_every, report_out=report_out)

@@ -1,0 +1,108 @@
+"""Live sweep progress on stdout, as a Tune callback (Tune's own reporter is silenced).
+
+    [sweep] 3/12 done, 2 running, 0 failed, 7 pending | best eval/success 0.42 (filter-1a2b3c4d) | 4m10s
+      trial               step   eval/success  collapse/mi  filter/kept_ratio
+      nofilter-9f8e7d6c   12/40  0.31          0.52         1
+      filter-1a2b3c4d     10/40  0.42          0.61         0.75
+
+A line when a trial starts, ends or fails; the table every `every_s` seconds while trials run.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+
+from ray.tune import Callback
+
+from ragen2_core.sweep.spec import SweepSpec
+from ragen2_core.sweep.trials import Trial
+from ragen2_core.sweep.trainable import resolve
+
+COLUMNS = ("eval/success", "collapse/mi", "filter/kept_ratio")
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else ("nan" if isinstance(v, float) and math.isnan(v) else f"{v:.3g}")
+
+
+class Progress(Callback):
+    def __init__(self, spec: SweepSpec, trials: dict[str, Trial], total: int, steps: dict[str, int],
+                 done_before: int = 0, every_s: float = 30.0, stream=None):
+        self.spec, self.trials, self.total, self.steps = spec, trials, total, steps
+        self.every_s, self.stream = every_s, stream
+        self.latest: dict[str, dict] = {}      # our trial id -> latest value of each shown key
+        self.counts: dict[str, int] = {}       # Tune status -> trials (restored finished ones included)
+        self.running: list[str] = []           # our ids of the running trials
+        self.done_before = done_before         # finished before a resume that Tune's state did not see
+        self.best: tuple[float, str] | None = None
+        self.t0 = self.last_print = time.monotonic()
+
+    def _say(self, line: str) -> None:
+        out = self.stream or sys.stdout
+        out.write(line + "\n")
+        out.flush()
+
+    def _id(self, trial) -> str:
+        return resolve(self.spec, self.trials, trial.config).trial_id
+
+    def _count(self, trials, ended=None, as_status: str = "") -> None:
+        # Tune may call the end hooks before it updates the trial's own status.
+        status = [as_status if t is ended else t.status for t in trials]
+        self.counts = {}
+        for s in status:
+            self.counts[s] = self.counts.get(s, 0) + 1
+        self.running = [self._id(t) for t, s in zip(trials, status) if s == "RUNNING"]
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        tid = self._id(trial)
+        self._count(trials)
+        self._say(f"[sweep] start {tid} ({resolve(self.spec, self.trials, trial.config).label})")
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        tid = self._id(trial)
+        row = self.latest.setdefault(tid, {})
+        row.update({k: result[k] for k in COLUMNS + (self.spec.metric, "step") if k in result})
+        value = result.get(self.spec.metric)
+        if isinstance(value, (int, float)) and not math.isnan(value):
+            better = self.best is None or (value > self.best[0] if self.spec.mode == "max" else value < self.best[0])
+            if better:
+                self.best = (float(value), tid)
+
+    def _end(self, trials, trial, status: str) -> None:
+        tid = self._id(trial)
+        self._count(trials, trial, "TERMINATED" if status == "done" else "ERROR")
+        row = self.latest.get(tid, {})
+        self._say(f"[sweep] {status} {tid} at step {row.get('step', 0)}: {self.spec.metric} "
+                  f"{_fmt(row.get(self.spec.metric))} | {self.headline()}")
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._end(trials, trial, "done")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._end(trials, trial, "failed")
+
+    def headline(self) -> str:
+        done = self.counts.get("TERMINATED", 0) + self.done_before
+        running, failed = self.counts.get("RUNNING", 0), self.counts.get("ERROR", 0)
+        pending = max(0, self.total - done - running - failed)
+        best = f"{self.spec.metric} {self.best[0]:.3g} ({self.best[1]})" if self.best else f"{self.spec.metric} -"
+        minutes, seconds = divmod(int(time.monotonic() - self.t0), 60)
+        return (f"{done}/{self.total} done, {running} running, {failed} failed, "
+                f"{pending} pending | best {best} | {minutes}m{seconds:02d}s")
+
+    def on_step_end(self, iteration, trials, **info):
+        if time.monotonic() - self.last_print < self.every_s:
+            return
+        self.last_print = time.monotonic()
+        self._count(trials)
+        running = self.running
+        lines = [f"[sweep] {self.headline()}"]
+        if running:
+            width = max(len(t) for t in running)
+            lines.append(f"  {'trial':<{width}}  {'step':>7}  " + "  ".join(f"{c:<17}" for c in COLUMNS))
+            for tid in running:
+                row = self.latest.get(tid, {})
+                step = f"{row.get('step', 0)}/{self.steps.get(tid, '?')}"
+                lines.append(f"  {tid:<{width}}  {step:>7}  " + "  ".join(f"{_fmt(row.get(c)):<17}" for c in COLUMNS))
+        self._say("\n".join(lines))

@@ -1,0 +1,144 @@
+"""MLflow layout of a sweep, written from the driver only: one parent run, one child run per trial.
+
+    tracker = SweepTracker(uri, experiment, parent_run_id, spec, trials)
+    Tuner(..., run_config=RunConfig(callbacks=[tracker]))
+
+Why a Tune `Callback` of our own rather than Ray's `MLflowLoggerCallback`: that one keeps no state,
+so a restored sweep opens a second run for every resumed trial and leaves the first RUNNING. Here
+a trial's run is found again by its `ragen2.trial_id` tag (Tune's own trial id changes when an
+errored trial is restarted), and the highest step already logged is kept in the run's
+`ragen2.last_step` tag, so steps a resumed trial re-reports are not logged twice.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+from mlflow.entities import Metric, RunTag
+from mlflow.tracking import MlflowClient
+from ray.tune import Callback
+
+from ragen2_core.config import config_hash, dump_yaml, flatten, load_config
+from ragen2_core.sweep.spec import SweepSpec
+from ragen2_core.sweep.trials import Trial
+from ragen2_core.sweep.trainable import SIDECAR, resolve
+from ragen2_core.tracking import MlflowSink, git_sha, run_tags
+
+PARENT = "mlflow.parentRunId"
+
+
+def find_runs(client: MlflowClient, experiment_id: str, **tags: str) -> list:
+    """Active runs of an experiment whose tags equal `tags` (keys with '.' written as '__')."""
+    where = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=where, max_results=1000, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+class SweepTracker(Callback):
+    def __init__(self, uri: str, experiment_id: str, parent_run_id: str, spec: SweepSpec, trials: dict[str, Trial]):
+        self.uri, self.experiment_id, self.parent = uri, experiment_id, parent_run_id
+        self.spec, self.trials = spec, trials
+        self.client = MlflowClient(uri)
+        self.open: dict[str, tuple[MlflowSink, Trial]] = {}  # Tune trial id -> its child run and trial
+        self.run_ids: dict[str, str] = {}            # our trial id -> MLflow run id (saved with Tune's state)
+        self.last_step: dict[str, int] = {}          # our trial id -> highest step logged
+        self.sha = git_sha(Path(__file__).parent)
+
+    # ------------------------------------------------------------------ child runs
+
+    def _open(self, trial) -> tuple[MlflowSink, Trial]:
+        if trial.trial_id in self.open:
+            return self.open[trial.trial_id]
+        t = resolve(self.spec, self.trials, trial.config)
+        known = self.run_ids.get(t.trial_id)
+        old = [self.client.get_run(known)] if known else \
+            find_runs(self.client, self.experiment_id, mlflow__parentRunId=self.parent, ragen2__trial_id=t.trial_id)
+        if old:
+            sink = MlflowSink(tracking_uri=self.uri, run_id=old[0].info.run_id)
+            self.last_step[t.trial_id] = int(old[0].data.tags.get("ragen2.last_step", 0))
+        else:
+            cfg = load_config(self.spec.base_path, t.overrides)
+            tags = run_tags(config_hash(cfg), t.seed, self.sha) | {
+                "ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.trial_id": t.trial_id,
+                "ragen2.arm": t.arm, "ragen2.group": t.group, "ragen2.output_dir": cfg.train.output_dir}
+            sink = MlflowSink(tracking_uri=self.uri, experiment=self.spec.experiment, run_name=t.label,
+                              parent_run_id=self.parent, tags=tags)
+            sink.log_params(flatten(cfg))
+            sink.log_text(dump_yaml(cfg), "config.yaml")
+            self.last_step[t.trial_id] = 0
+        self.run_ids[t.trial_id] = sink.run_id
+        self.open[trial.trial_id] = (sink, t)
+        return sink, t
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self._open(trial)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        sink, t = self._open(trial)
+        tid, step = t.trial_id, result.get("step")
+        if step is None or step <= self.last_step.get(tid, 0):
+            return  # a resumed trial replays steps after its last checkpoint; they are already logged
+        # Trainer metrics are namespaced ("rollout/success"); Tune's own keys and ours are not.
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, float(v), now, int(step))
+                   for k, v in result.items() if "/" in k and isinstance(v, (int, float)) and not isinstance(v, bool)]
+        self.client.log_batch(sink.run_id, metrics=metrics, tags=[RunTag("ragen2.last_step", str(step))])
+        self.last_step[tid] = step
+
+    def _finish(self, trial, status: str, error: Optional[str] = None) -> None:
+        sink, t = self._open(trial)
+        out = Path(load_config(self.spec.base_path, t.overrides).train.output_dir)
+        self._upload(sink, out)
+        result = out / "result.json"
+        reason = json.loads(result.read_text()).get("stop_reason", "completed") if result.exists() else \
+            ("failed" if error else "stopped by the sweep (scheduler or stopper)")
+        sink.set_tags({"ragen2.stop_reason": str(reason), "ragen2.failures": str(trial.num_failures)})
+        if error:
+            sink.log_text(error, "error.txt")
+        sink.close(status)
+        self.open.pop(trial.trial_id, None)
+
+    def _upload(self, sink: MlflowSink, out: Path) -> None:
+        """What the trainer handed its sink, from the trial's folder (on a cluster: shared storage)."""
+        side = out / SIDECAR
+        if (side / "tags.json").exists():
+            sink.set_tags(json.loads((side / "tags.json").read_text()))
+        if (side / "texts").is_dir():
+            sink.log_artifact(side / "texts")
+        if (side / "artifacts.jsonl").exists():
+            for line in (side / "artifacts.jsonl").read_text().splitlines():
+                item = json.loads(line)
+                if Path(item["path"]).exists():
+                    sink.log_artifact(item["path"], item["artifact_path"])
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._finish(trial, "FINISHED")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else \
+            "the trial failed; Tune recorded no error file"
+        self._finish(trial, "FAILED", text)
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        self._open(trial)[0].set_tags({"ragen2.failures": str(trial.num_failures)})
+
+    def close_open(self, status: str = "KILLED") -> None:
+        """Runs of trials cut off by an interrupted sweep; --resume reopens them (status RUNNING again)."""
+        for sink, _ in self.open.values():
+            sink.close(status)
+        self.open.clear()
+
+    # ------------------------------------------------------------------ Tune persists this with its experiment state
+
+    def get_state(self) -> Optional[dict]:
+        return {"run_ids": dict(self.run_ids)}
+
+    def set_state(self, state: dict) -> None:
+        self.run_ids.update(state.get("run_ids", {}))

@@ -1,0 +1,104 @@
+"""The Ray Tune side of a sweep: the function trainable, the sink it trains with, the collapse stopper.
+
+    from ray import tune
+    trainable = tune.with_parameters(train_trial, spec=spec, trials={t.trial_id: t for t in trials})
+
+A trial never writes to MLflow itself: metrics go to Tune with `tune.report`, and the driver's
+tracker (driver.py) writes them, so one process is the only writer of the sqlite store. Texts,
+tags and artifact paths the trainer hands to its sink are written into the trial's output
+folder, which the driver uploads when the trial ends.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ray import tune
+
+from ragen2_core.config import load_config
+from ragen2_core.sweep.spec import SweepSpec
+from ragen2_core.sweep.trials import Trial, make_trial
+from ragen2_core.tracking import SinkContext
+
+OBJECTIVE = "objective"  # latest value of spec.metric, carried forward: schedulers and searchers need it every report
+SIDECAR = "sweep"        # folder inside the trial's output dir holding what the driver uploads
+
+
+def resolve(spec: SweepSpec, trials: dict[str, Trial], config: dict) -> Trial:
+    """The Trial behind a Tune config: `{"trial": id}` for grid/random, plus `{"sample": {...}}` for optuna."""
+    trial = trials[config["trial"]]
+    if config.get("sample"):
+        return make_trial(spec, trial.arm, dict(config["sample"]), trial.seed)
+    return trial
+
+
+class TuneSink(SinkContext):
+    """Trainer sink inside a Tune trial. Fails the trial on a NaN in a guarded metric."""
+
+    def __init__(self, out_dir: Path, metric: str, nan_guard: list[str]):
+        self.dir = Path(out_dir) / SIDECAR
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.metric, self.nan_guard = metric, nan_guard
+        self.objective = None
+
+    def log_metrics(self, metrics, step):
+        for key in self.nan_guard:
+            if key in metrics and math.isnan(float(metrics[key])):
+                raise FloatingPointError(f"{key} is NaN at step {step}; the trial is marked failed "
+                                         "(lower algo.actor_lr or check the rewards)")
+        if self.metric in metrics:
+            self.objective = float(metrics[self.metric])
+        report = {k: float(v) for k, v in metrics.items()} | {"step": int(step)}
+        if self.objective is not None:
+            report[OBJECTIVE] = self.objective
+        tune.report(report)
+
+    def log_params(self, params):
+        pass  # the driver logs the trial's full config when it opens the MLflow run
+
+    def set_tags(self, tags):
+        path = self.dir / "tags.json"
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps(old | {k: str(v) for k, v in tags.items()}))
+
+    def log_text(self, text, artifact_file):
+        path = self.dir / "texts" / artifact_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+    def log_artifact(self, path, artifact_path=None):
+        with open(self.dir / "artifacts.jsonl", "a") as f:
+            f.write(json.dumps({"path": str(Path(path).resolve()), "artifact_path": artifact_path}) + "\n")
+
+    def close(self, status="FINISHED"):
+        pass
+
+
+def train_trial(config: dict, spec: SweepSpec, trials: dict[str, Trial]) -> None:
+    """Tune function trainable: one training run. A restarted trial resumes from its own checkpoints,
+    because its output folder is fixed by the trial id and the sweep sets train.resume=true."""
+    from ragen2_core.train.trainer import run  # heavy imports stay in the worker
+
+    trial = resolve(spec, trials, config)
+    cfg = load_config(spec.base_path, trial.overrides)
+    sink = TuneSink(Path(cfg.train.output_dir), spec.metric, spec.nan_guard)
+    run(cfg, sink)
+
+
+class CollapseStopper(tune.Stopper):
+    """Stops a trial once `metric` was below `below` for `patience` consecutive measurements."""
+
+    def __init__(self, metric: str, below: float, patience: int):
+        self.metric, self.below, self.patience = metric, below, patience
+        self.streak: dict[str, int] = {}
+
+    def __call__(self, trial_id, result):
+        if self.metric not in result:
+            return False  # measured every collapse.every steps only
+        low = float(result[self.metric]) < self.below
+        self.streak[trial_id] = self.streak.get(trial_id, 0) + 1 if low else 0
+        return self.streak[trial_id] >= self.patience
+
+    def stop_all(self):
+        return False

@@ -1,0 +1,198 @@
+"""Expansion of a sweep spec into trials, stable trial ids, and validation of every trial config.
+
+    from ragen2_core.sweep.trials import load_spec
+
+    spec, trials = load_spec("ablations/kl_vs_filter.yaml")   # raises SpecError listing every problem
+    for t in trials:
+        t.trial_id, t.arm, t.seed, t.values      # values: every varied key of this trial
+        load_config(spec.base_path, t.overrides)  # exactly the config the trial trains with
+
+Overrides are applied in this order: whole-section presets (`filter: paper`), then fixed, the
+arm's fields, axes, zip, sampled values, seed; last the keys the sweep sets for each trial.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import random
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+# read_yaml: config.py's own reader of a YAML file and its `base:` chain, for the spec hash.
+from ragen2_core.config import ConfigError, read_yaml, load_config
+from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SweepSpec, SpecErrors, parse_spec
+
+
+@dataclasses.dataclass
+class Trial:
+    trial_id: str
+    arm: str
+    seed: int
+    values: dict[str, Any]        # every key varied across trials (axes, zip, sampled), for tables and tags
+    overrides: list[str]          # `key=json` strings, in application order, for load_config
+
+    @property
+    def group(self) -> str:
+        """The trial without its seed: what results are averaged over."""
+        return " ".join([self.arm] + [f"{k}={_short(v)}" for k, v in self.values.items()])
+
+    @property
+    def label(self) -> str:
+        return f"{self.group} seed={self.seed}"
+
+
+def _short(v) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+# ----------------------------------------------------------------------------- expansion
+
+def _override(key: str, value) -> str:
+    return f"{key}={json.dumps(value)}"  # JSON scalars and lists are valid YAML, so load_config parses them back
+
+
+def trial_id(arm: str, arm_overrides: dict, values: dict, seed: int) -> str:
+    blob = json.dumps({"arm": arm, "set": arm_overrides, "values": values, "seed": seed}, sort_keys=True)
+    return f"{arm}-{hashlib.sha1(blob.encode()).hexdigest()[:8]}"
+
+
+def make_trial(spec: SweepSpec, arm: str, values: dict, seed: int) -> Trial:
+    """One trial; the last overrides are the ones the sweep itself controls."""
+    arm_over = spec.arms.get(arm, {})
+    tid = trial_id(arm, arm_over, values, seed)
+    ordered = list(spec.fixed.items()) + list(arm_over.items()) + list(values.items())
+    presets = [(k, v) for k, v in ordered if "." not in k]  # whole sections first: dotted keys refine them
+    rest = [(k, v) for k, v in ordered if "." in k]
+    own = [("train.seed", seed), ("train.output_dir", str(spec.sweep_dir / "trials" / tid)),
+           ("train.threads", spec.threads), ("train.resume", True)]
+    return Trial(tid, arm, seed, dict(values), [_override(k, v) for k, v in presets + rest + own])
+
+
+def _draw(space: dict[str, tuple[str, list]], n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    draws = []
+    for _ in range(n):
+        point = {}
+        for key, (kind, args) in space.items():
+            if kind == "uniform":
+                point[key] = rng.uniform(*args)
+            elif kind == "loguniform":
+                point[key] = math.exp(rng.uniform(math.log(args[0]), math.log(args[1])))
+            elif kind == "randint":
+                point[key] = rng.randrange(int(args[0]), int(args[1]))  # high exclusive, like tune.randint
+            else:
+                point[key] = rng.choice(args)
+        draws.append(point)
+    return draws
+
+
+def expand(spec: SweepSpec) -> list[Trial]:
+    """Arms x axes (product) x zip groups (product over groups, rows together) x seeds.
+
+    For random search the drawn points of `search.space` are one more product factor; for optuna
+    the list holds the single template trial the sampled values are added to at run time.
+    """
+    axis_rows = [dict(zip(spec.axes, combo)) for combo in itertools.product(*spec.axes.values())]
+    zip_rows = [dict()]
+    for group in spec.zip:
+        rows = [dict(zip(group, vals)) for vals in zip(*group.values())]
+        zip_rows = [a | b for a in zip_rows for b in rows]
+    sampled = _draw(spec.search.space, spec.search.samples, spec.search.seed) if spec.search.kind == "random" else [{}]
+    trials = []
+    for arm in spec.arms or {"base": {}}:
+        for a, z, s in itertools.product(axis_rows, zip_rows, sampled):
+            for seed in spec.seeds:
+                trials.append(make_trial(spec, arm, a | z | s, seed))
+    return trials
+
+
+def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErrors] = None) -> None:
+    """Build every trial's training config; raise SpecError with every distinct problem, located."""
+    err = err or SpecErrors(str(spec.path), spec.text)
+    found: dict[str, list[Trial]] = {}
+    for t in trials:
+        try:
+            load_config(spec.base_path, t.overrides)
+        except ConfigError as e:
+            for msg in dict.fromkeys(e.errors):  # a bad preset is reported again after every later override
+                if not _UNKNOWN.search(msg):     # unknown keys were already reported once per spec entry
+                    found.setdefault(msg, []).append(t)
+    sources = _sources(spec)
+    for msg, bad in found.items():
+        where, key = _locate(msg, sources)
+        n = f" (in {len(bad)} of {len(trials)} trials, e.g. {bad[0].label})" if len(trials) > 1 else ""
+        if where:
+            err.add(where, msg.removeprefix(f"{key}: ") + n)
+        else:
+            err.items.append(f"{spec.base_path}: {msg}{n}")
+    if err.items:
+        raise SpecError(err.items)
+
+
+_UNKNOWN = re.compile(r"^override '[^']*': (unknown key|'[^']*' is a value, not a section)")
+
+
+def _sources(spec: SweepSpec) -> dict[str, tuple]:
+    out = {k: ("fixed", k) for k in spec.fixed}
+    for name, arm in spec.arms.items():
+        out.update({k: ("arms", name, k) for k in arm})
+    out.update({k: ("axes", k) for k in spec.axes})
+    for i, g in enumerate(spec.zip):
+        out.update({k: ("zip", i, k) for k in g})
+    out.update({k: ("search", "space", k) for k in spec.search.space})
+    return out
+
+
+def _locate(msg: str, sources: dict[str, tuple]) -> tuple[Optional[tuple], str]:
+    """Which spec entry set the config key a training-config error is about (or its section)."""
+    m = re.match(r"override '([^=']+)=", msg) or re.match(r"([A-Za-z_][\w.]*)", msg)
+    if not m:
+        return None, ""
+    key = m.group(1)
+    while key:
+        if key in sources:
+            return sources[key], m.group(1)
+        hits = [k for k in sources if k.startswith(key + ".")]
+        if hits:
+            return sources[hits[0]], m.group(1)
+        key = key.rpartition(".")[0]
+    return None, ""
+
+
+def _optuna_probes(spec: SweepSpec, template: Trial) -> list[Trial]:
+    """Optuna's configs are only known at run time: check the ends of every range and every choice."""
+    probes = []
+    for key, (kind, args) in spec.search.space.items():
+        ends = [args[0], args[1] - 1] if kind == "randint" else args  # randint's high is exclusive
+        for v in ends:
+            probes.append(make_trial(spec, template.arm, {key: v}, template.seed))
+    return probes
+
+
+def load_spec(path: str | Path) -> tuple[SweepSpec, list[Trial]]:
+    """Read, validate and expand; every trial config is checked before anything runs, and all
+    problems (spec and trial configs) come back together in one SpecError."""
+    spec, err = parse_spec(Path(path))
+    if not spec.base or not spec.base_path.is_file():
+        raise SpecError(err.items)  # without a base no trial config can be built
+    trials = expand(spec)
+    probes = _optuna_probes(spec, trials[0]) if spec.search.kind == "optuna" and trials else []
+    validate_trials(spec, trials + probes, err)
+    ids = [t.trial_id for t in trials]
+    if len(set(ids)) != len(ids):
+        raise SpecError([f"{spec.path}: two trials expand to the same settings; remove the duplicate axis values"])
+    return spec, trials
+
+
+def spec_hash(spec: SweepSpec) -> str:
+    """Identifies what the sweep asks for: the spec and its base YAML chain, not where results go.
+
+    Code defaults are left out on purpose, so a sweep can be resumed after a code fix; each trial's
+    full resolved config is still recorded in its `ragen2.config_hash` tag and config.yaml."""
+    data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(SweepSpec) if f.name not in OPERATIONAL}
+    blob = json.dumps([data, read_yaml(spec.base_path)], sort_keys=True, default=lambda o: dataclasses.asdict(o))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]

@@ -1,0 +1,153 @@
+"""A real sweep: real Ray Tune, real sqlite MLflow, the tiny policy, 2 training steps per trial.
+
+One trial is broken on purpose (its policy path does not exist): it must fail alone, be recorded
+as FAILED with its traceback, and make the driver exit 1. The slow tier kills the driver with
+SIGKILL mid-sweep and resumes it, and runs an Optuna search.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[2]
+RUN = [sys.executable, str(ROOT / "sweeps" / "run.py")]
+TINY = {"policy": {"hidden_size": 32, "num_layers": 1, "num_heads": 2, "num_kv_heads": 1, "intermediate_size": 64,
+                   "vocab_size": 300},
+        "warmstart": {"envs": ["frozenlake"], "steps": 30, "episodes": 64, "batch_size": 8},
+        "rollout": {"n_groups": 2, "group_size": 3, "max_new_tokens": 24},
+        "env": {"max_turns": 2, "val_seeds": 4},
+        "train": {"eval_every": 2, "steps": 2},
+        "algo.actor_lr": 1e-3,
+        # the barely warm-started policy never succeeds; the trainer's early stops would end runs at once
+        "stops": {"spread_window": 0, "empty_filter_patience": 0, "val_floor_patience": 0}}
+
+
+def write_spec(tmp: Path, name: str, cache: Path, **body) -> Path:
+    fixed = {**TINY, "policy": {**TINY["policy"], "cache_dir": str(cache)}, **body.pop("fixed", {})}
+    spec = {"name": name, "base": str(ROOT / "sweeps" / "base" / "frozenlake_tiny.yaml"), "fixed": fixed,
+            "storage": str(tmp / "runs"), "resources": {"cpu": 1}, "max_concurrent": 2, **body}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def sweep(tmp: Path, spec: Path, *args, timeout=600) -> subprocess.CompletedProcess:
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run(RUN + [str(spec), "--progress-every", "5", *args], cwd=tmp, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def runs_of(uri: str, experiment: str) -> tuple:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("ragen2.role") == "trial"]
+    return client, parents, children
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("policy-cache")
+
+
+def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
+    spec = write_spec(tmp_path, "e2e", cache, arms={"a": {}, "kl": {"algo.kl_coef": 0.01},
+                                                    "broken": {"policy.model": str(tmp_path / "no-such-model")}})
+    uri = f"sqlite:///{tmp_path}/mlflow.db"  # the default: mlflow.db in the cwd
+    first = sweep(tmp_path, spec)
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "[sweep] done" in first.stdout and "[sweep] failed broken-" in first.stdout
+    assert "mlflow ui --backend-store-uri" in first.stdout
+
+    client, parents, children = runs_of(uri, "e2e")
+    assert len(parents) == 1 and len(children) == 3
+    parent = parents[0]
+    assert parent.info.status == "FAILED" and parent.data.params["spec.fixed.algo.actor_lr"] == "0.001"
+    assert {"spec.yaml", "trials.csv", "summary"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    by_arm = {r.data.tags["ragen2.arm"]: r for r in children}
+    for arm in ("a", "kl"):
+        run = by_arm[arm]
+        tags = run.data.tags
+        assert run.info.status == "FINISHED"
+        assert tags["mlflow.parentRunId"] == parent.info.run_id and tags["ragen2.seed"] == "0"
+        assert tags["ragen2.trial_id"].startswith(arm + "-") and tags["ragen2.stop_reason"] == "completed"
+        for tag in ("ragen2.config_hash", "ragen2.git_sha", "ragen2.group"):
+            assert tag in tags, tag
+        assert run.data.params["train.steps"] == "2" and run.data.params["train.threads"] == "1"
+        # every point the trainer logged, once: two steps, eval at step 2
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")] == [1, 2]
+        assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/success")] == [2]
+        assert {"config.yaml", "policy", "samples"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert by_arm["kl"].data.params["algo.kl_coef"] == "0.01"
+    broken = by_arm["broken"]
+    assert broken.info.status == "FAILED"
+    error = client.download_artifacts(broken.info.run_id, "error.txt", str(tmp_path))
+    assert "no-such-model" in Path(error).read_text()
+
+    # the same command again refuses: results exist and --resume was not given
+    again = sweep(tmp_path, spec)
+    assert again.returncode == 2 and "--resume" in again.stderr
+
+    # --resume: finished trials are not rerun, no run is duplicated; the broken one is retried and fails again
+    done = {arm: Path(by_arm[arm].data.tags["ragen2.output_dir"]) / "result.json" for arm in ("a", "kl")}
+    stamps = {arm: p.stat().st_mtime_ns for arm, p in done.items()}
+    resumed = sweep(tmp_path, spec, "--resume")
+    assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert "resuming" in resumed.stdout and "[sweep] start a-" not in resumed.stdout
+    assert {arm: p.stat().st_mtime_ns for arm, p in done.items()} == stamps
+    _, parents2, children2 = runs_of(uri, "e2e")
+    assert [p.info.run_id for p in parents2] == [parent.info.run_id]
+    assert sorted(r.info.run_id for r in children2) == sorted(r.info.run_id for r in children)
+    for arm in ("a", "kl"):
+        assert len(client.get_metric_history(by_arm[arm].info.run_id, "rollout/success")) == 2
+
+
+@pytest.mark.slow
+def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
+    steps = 60
+    spec = write_spec(tmp_path, "killed", cache, arms={"a": {}, "b": {"algo.kl_coef": 0.01}},
+                      fixed={"train": {"eval_every": 10, "steps": steps, "checkpoint_every": 5}})
+    env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(RUN + [str(spec), "--progress-every", "2"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    trials = tmp_path / "runs" / "killed" / "trials"
+    deadline = time.time() + 300
+    while time.time() < deadline and len(list(trials.glob("*/checkpoints/step_*"))) < 2:
+        time.sleep(1)
+    time.sleep(12)  # past Tune's ~10 s experiment-state snapshot
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    # the driver's own Ray processes die with it only eventually; end this session's group
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    assert not list(trials.glob("*/result.json")), "trials finished before the kill; raise steps"
+    resumed = sweep(tmp_path, spec, "--resume")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "killed")
+    assert len(parents) == 1 and len(children) == 2
+    for run in children:
+        assert run.info.status == "FINISHED"
+        history = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")]
+        assert sorted(history) == list(range(1, steps + 1))
+
+
+@pytest.mark.slow
+def test_optuna_sweep_runs(tmp_path, cache):
+    spec = write_spec(tmp_path, "tuned", cache, metric="rollout/reward_mean",
+                      search={"kind": "optuna", "samples": 3, "seed": 0,
+                              "space": {"algo.kl_coef": {"loguniform": [1e-4, 1e-1]}}})
+    proc = sweep(tmp_path, spec)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "tuned")
+    assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children)
+    assert len({r.data.params["algo.kl_coef"] for r in children}) == 3

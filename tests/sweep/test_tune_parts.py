@@ -1,0 +1,53 @@
+"""Pieces of the Tune / MLflow side that need no Ray cluster: NaN guard, collapse stopper, summary."""
+import math
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ragen2_core.sweep.driver import summarize, to_text
+from ragen2_core.sweep.trainable import CollapseStopper, TuneSink
+
+
+def test_nan_in_a_guarded_metric_fails_the_trial(tmp_path):
+    sink = TuneSink(tmp_path, "eval/success", ["actor/pg_loss"])
+    with pytest.raises(FloatingPointError, match="actor/pg_loss is NaN at step 3"):
+        sink.log_metrics({"actor/kl": math.nan, "actor/pg_loss": math.nan}, step=3)
+
+
+def test_sink_keeps_texts_tags_and_artifacts_for_the_driver(tmp_path):
+    sink = TuneSink(tmp_path, "eval/success", [])
+    sink.set_tags({"a": 1})
+    sink.set_tags({"b": "x"})
+    sink.log_text("hello", "samples/eval_step000002.txt")
+    sink.log_artifact(tmp_path, "policy")
+    assert (tmp_path / "sweep" / "tags.json").read_text() == '{"a": "1", "b": "x"}'
+    assert (tmp_path / "sweep" / "texts" / "samples" / "eval_step000002.txt").read_text() == "hello"
+    assert '"artifact_path": "policy"' in (tmp_path / "sweep" / "artifacts.jsonl").read_text()
+
+
+def test_collapse_stopper_needs_consecutive_low_measurements():
+    stop = CollapseStopper("collapse/mi_zscore_ema", below=2.0, patience=2)
+    seen = [stop("t", r) for r in ({"collapse/mi_zscore_ema": 1.0}, {"rollout/success": 0.1},
+                                   {"collapse/mi_zscore_ema": 3.0}, {"collapse/mi_zscore_ema": 1.5},
+                                   {"collapse/mi_zscore_ema": 1.9})]
+    assert seen == [False, False, False, False, True]
+    assert not stop("other", {"collapse/mi_zscore_ema": 0.0}) and not stop.stop_all()
+
+
+def test_summary_groups_over_seeds(tmp_path):
+    client = MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.create_experiment("s")
+    parent = client.create_run(exp, tags={"ragen2.role": "sweep"}).info.run_id
+    for seed, group, status, value in [(0, "a", "FINISHED", 0.2), (1, "a", "FINISHED", 0.4), (0, "b", "FAILED", None)]:
+        run = client.create_run(exp, tags={"mlflow.parentRunId": parent, "ragen2.group": group,
+                                           "ragen2.seed": str(seed), "ragen2.trial_id": f"{group}{seed}"}).info.run_id
+        if value is not None:
+            client.log_metric(run, "eval/success", value, step=1)
+        client.set_terminated(run, status)
+    per_trial, per_group = summarize(client, exp, parent, "eval/success")
+    assert [r["trial_id"] for r in per_trial] == ["a0", "a1", "b0"]
+    a, b = per_group
+    assert (a["done"], a["failed"], a["n"]) == (2, 0, 2)
+    assert a["eval/success mean"] == pytest.approx(0.3) and a["std"] == pytest.approx(0.1414, abs=1e-3)
+    assert (b["done"], b["failed"]) == (0, 1) and math.isnan(b["eval/success mean"])
+    assert "eval/success mean" in to_text(per_group)
