@@ -6,6 +6,7 @@
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
     ragen2 mi --rollouts FILE --model PATH_OR_NAME [...]       # MI proxy on dumped rollouts, see docs/mi.md
     ragen2 sweep SPEC.yaml [--dry-run] [--resume] [...]      # = python sweeps/run.py, see docs/sweeps.md
+    ragen2 ui [--experiment NAME] [--port 5000]               # MLflow UI on the project's store, loopback only
     ragen2 report --experiment NAME [--tracking-uri URI] [--out FILE.pdf]   # see docs/reports.md
 
 Bad configuration prints every error (field, value, fix) and exits with status 2 before any work.
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["sweep"]:
         from ragen2_core.sweep import driver
         return driver.main(argv[1:])
+    if argv[:1] == ["ui"]:
+        from ragen2_core import ui
+        return ui.main(argv[1:])
     if argv[:1] == ["report"]:
         from ragen2_core.report import build
         return build.main(argv[1:])
@@ -140,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--describe", action="store_true")
     sub.add_parser("mi", help="MI proxy of dumped rollouts under any causal LM (ragen2 mi --help)", add_help=False)
     sub.add_parser("sweep", help="run a sweep spec on Ray Tune, recorded in MLflow (ragen2 sweep --help)", add_help=False)
+    sub.add_parser("ui", help="MLflow UI on the project's store, loopback only (ragen2 ui --help)", add_help=False)
     sub.add_parser("report", help="comparative PDF report of a sweep from MLflow (ragen2 report --help)", add_help=False)
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,71 @@
+"""`ragen2 ui`: the MLflow UI on the project's store, bound to loopback, stopped cleanly on Ctrl-C.
+
+    ragen2 ui [--tracking-uri URI] [--port 5000] [--experiment NAME]
+
+MLflow 3 opens an experiment on a GenAI "Overview" page that lists none of our runs; this prints the
+direct address of the runs page instead, where a sweep run shows its trial runs folded under it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def runs_page(port: int, experiment_id: str | None) -> str:
+    base = f"http://127.0.0.1:{port}"
+    return f"{base}/#/experiments/{experiment_id}/runs" if experiment_id else base
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ragen2_core.tracking.mlflow_sink import default_tracking_uri
+
+    parser = argparse.ArgumentParser(prog="ragen2 ui", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument("--port", type=int, default=5000, help="loopback port (default 5000, MLflow's own)")
+    parser.add_argument("--experiment", help="print the runs page of this experiment (e.g. a sweep name)")
+    args = parser.parse_args(argv)
+    uri = args.tracking_uri or default_tracking_uri()
+    experiment_id = None
+    if args.experiment:
+        from mlflow.tracking import MlflowClient
+        exp = MlflowClient(uri).get_experiment_by_name(args.experiment)
+        if exp is None:
+            names = [e.name for e in MlflowClient(uri).search_experiments()]
+            print(f"ui: no experiment {args.experiment!r} at {uri}; experiments there: {', '.join(names)}",
+                  file=sys.stderr)
+            return 2
+        experiment_id = exp.experiment_id
+    # SIGTERM (e.g. from a supervisor) ends this process through the same clean-up as Ctrl-C.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    # Its own process group, so Ctrl-C here stops the server and its workers, and nothing lingers.
+    proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
+                             "--host", "127.0.0.1", "--port", str(args.port)], start_new_session=True)
+    try:
+        for _ in range(120):  # wait until it answers before printing an address that works
+            if proc.poll() is not None:
+                print(f"ui: mlflow ui exited with status {proc.returncode} (is port {args.port} taken? "
+                      "try --port 5001)", file=sys.stderr)
+                return 1
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        print(f"MLflow UI for {uri}\n  open: {runs_page(args.port, experiment_id)}\n  Ctrl-C stops it", flush=True)
+        proc.wait()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+    return 0
