@@ -36,6 +36,9 @@ class ConfigError(ValueError):
         self.errors = list(errors)
         super().__init__(f"{len(self.errors)} config error(s):\n" + "\n".join(f"  - {e}" for e in self.errors))
 
+    def __reduce__(self):  # survive pickling (e.g. raised inside a Ray worker) with the list intact
+        return type(self), (self.errors,)
+
 
 def opt(default, help, *, choices=None, ge=None, gt=None, le=None, lt=None):
     """A dataclass field with help text and validation metadata.
@@ -337,7 +340,8 @@ def describe(cls=None) -> str:
 
 # ----------------------------------------------------------------------------- schema
 
-ENVS = ["frozenlake", "sokoban"]
+ENVS = ["frozenlake", "sokoban", "math", "code"]
+SINGLE_TURN_ENVS = ["math", "code"]  # one reply per episode: slip and the action budgets do not apply
 
 
 @dataclasses.dataclass
@@ -356,6 +360,43 @@ class SokobanConfig:
 
 
 @dataclasses.dataclass
+class MathConfig:
+    source: str = opt("generator", "problems: procedural arithmetic word problems, or a MetaMathQA JSON/JSONL file",
+                      choices=["generator", "file"])
+    path: Optional[str] = opt(None, "MetaMathQA-format file (query, response ending 'The answer is: X') for source=file")
+    difficulty: int = opt(1, "generator: 1 one addition ... 5 three mixed steps on numbers up to 100", ge=1, le=5)
+    val_frac: float = opt(0.1, "share of problems (by content hash) held out for validation; never trained on",
+                          gt=0, lt=1)
+
+    def check(self) -> list[str]:
+        if self.source == "file" and not self.path:
+            return ["path is null but source is file; set env.math.path=/path/to/metamathqa.jsonl"]
+        return []
+
+
+@dataclasses.dataclass
+class CodeConfig:
+    source: str = opt("generator", "problems: procedural function-synthesis tasks, or a DeepCoder JSON/JSONL file",
+                      choices=["generator", "file"])
+    path: Optional[str] = opt(None, "DeepCoder-format file (problem, tests, metadata.func_name) for source=file")
+    difficulty: int = opt(1, "generator: 1 one integer op, 2 two composed ops, 3 list tasks", ge=1, le=3)
+    n_tests: int = opt(5, "generator: tests per task", ge=1, le=50)
+    max_tests: int = opt(10, "file: at most this many tests per problem (sandbox time grows with them)", ge=1)
+    val_frac: float = opt(0.1, "share of problems (by content hash) held out for validation; never trained on",
+                          gt=0, lt=1)
+    timeout_s: float = opt(2.0, "sandbox: wall-clock limit per test, seconds", gt=0, le=60)
+    cpu_s: int = opt(1, "sandbox: CPU-time limit per test, whole seconds", ge=1, le=60)
+    memory_mb: int = opt(256, "sandbox: address-space limit per test process, MiB", ge=32)
+    max_procs: int = opt(8, "sandbox: processes/threads the unprivileged sandbox user may have", ge=1, le=256)
+    max_output_kb: int = opt(64, "sandbox: stdout / written-file cap per test, KiB", ge=1)
+
+    def check(self) -> list[str]:
+        if self.source == "file" and not self.path:
+            return ["path is null but source is file; set env.code.path=/path/to/deepcoder.jsonl"]
+        return []
+
+
+@dataclasses.dataclass
 class EnvConfig:
     name: str = opt("frozenlake", "which environment", choices=ENVS)
     slip: float = opt(0.0, "prob. the intended move is replaced by a perpendicular one", ge=0, le=1)
@@ -367,12 +408,17 @@ class EnvConfig:
     val_seed_start: int = opt(1_000_000_000, "first validation seed; training seeds are drawn below it", ge=0)
     frozenlake: FrozenLakeConfig = opt(FrozenLakeConfig, "FrozenLake map generation")
     sokoban: SokobanConfig = opt(SokobanConfig, "Sokoban room generation")
+    math: MathConfig = opt(MathConfig, "math word problems (single turn)")
+    code: CodeConfig = opt(CodeConfig, "program synthesis in the sandbox (single turn)")
 
     def check(self) -> list[str]:
+        errs = []
         if self.max_actions_per_turn > self.max_actions:
-            return [f"max_actions_per_turn ({self.max_actions_per_turn}) exceeds max_actions ({self.max_actions}); "
-                    "lower max_actions_per_turn or raise max_actions"]
-        return []
+            errs.append(f"max_actions_per_turn ({self.max_actions_per_turn}) exceeds max_actions ({self.max_actions}); "
+                        "lower max_actions_per_turn or raise max_actions")
+        if self.name in SINGLE_TURN_ENVS and self.slip:
+            errs.append(f"slip ({self.slip}) has no meaning for the single-turn env {self.name}; set env.slip=0")
+        return errs
 
 
 @dataclasses.dataclass
@@ -401,7 +447,8 @@ class PolicyConfig:
 @dataclasses.dataclass
 class WarmStartConfig:
     enabled: bool = opt(True, "supervised pass on expert traces before RL (embedded model only)")
-    envs: list[str] = opt(list(ENVS), "environments whose expert traces are used", choices=ENVS)
+    # The default stays the grid envs: it is part of the cached embedded policy's key.
+    envs: list[str] = opt(["frozenlake", "sokoban"], "environments whose expert traces are used", choices=ENVS)
     grounded_frac: float = opt(0.5, "share of traces whose <think> is grounded (vs generic template)", ge=0, le=1)
     episodes: int = opt(2000, "expert episodes generated per environment", ge=1)
     steps: int = opt(4000, "optimizer steps", ge=1)

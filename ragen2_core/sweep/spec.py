@@ -38,6 +38,9 @@ class SpecError(ValueError):
         self.errors = list(errors)
         super().__init__(f"{len(self.errors)} sweep spec error(s):\n" + "\n".join(f"  - {e}" for e in self.errors))
 
+    def __reduce__(self):  # survive pickling (e.g. raised inside a Ray worker) with the list intact
+        return type(self), (self.errors,)
+
 
 # ----------------------------------------------------------------------------- schema
 
@@ -332,7 +335,8 @@ def parse_spec(path: Path) -> tuple[SweepSpec, SpecErrors]:
         spec = build_section(SweepSpec, {k: v for k, v in data.items() if k not in bad}, "", [])
         if not isinstance(spec, SweepSpec):
             spec = SweepSpec()
-    spec.path, spec.text = path, text
+    # Absolute now: trials resolve `base` from Ray workers, whose working directory is not ours.
+    spec.path, spec.text = Path(path).resolve(), text
     if not isinstance(data.get("name", ""), str) or not _NAME.match(spec.name or ""):
         err.add(("name",), f"{spec.name!r} is not a usable sweep name; use letters, digits, '_', '.', '-', "
                            "e.g. name: kl_vs_filter")

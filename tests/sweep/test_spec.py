@@ -149,3 +149,14 @@ def test_optuna_needs_one_arm_and_seed_and_probes_the_range_ends(tmp_path):
     spec, trials = load_spec(write(tmp_path, {"search": {"kind": "optuna", "samples": 4,
                                                          "space": {"env.slip": {"uniform": [0.0, 0.3]}}}}))
     assert len(trials) == 1 and len(expand(spec)) == 1
+
+
+def test_relative_spec_path_still_finds_its_base_from_another_directory(tmp_path, monkeypatch):
+    # Ray workers run trials in their own working directory: a spec given by a relative path must
+    # already hold absolute paths when trials load their base config there.
+    repo = Path(__file__).resolve().parents[2]
+    monkeypatch.chdir(repo)
+    spec, trials = load_spec("ablations/smoke.yaml")
+    monkeypatch.chdir(tmp_path)
+    assert spec.base_path == repo / "sweeps" / "base" / "frozenlake_tiny.yaml"
+    load_config(spec.base_path, trials[0].overrides)

@@ -257,3 +257,10 @@ def test_cross_section_checks():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["grad_probe.every=5", "train.zero_stage=3"])
     assert "grad_probe.every needs whole parameters" in str(e.value)
+
+
+def test_config_error_survives_pickling():
+    # Raised inside a Ray worker, it travels pickled; the list of errors must come back whole.
+    import pickle
+    err = pickle.loads(pickle.dumps(ConfigError(["a: bad", "b: worse"])))
+    assert err.errors == ["a: bad", "b: worse"] and "2 config error(s)" in str(err)
