@@ -112,11 +112,12 @@ def test_all_errors_come_back_together_with_lines(tmp_path):
 
 
 def test_every_ablation_loads():
-    for path in sorted((ROOT / "ablations").glob("*.yaml")):
+    for path in sorted((ROOT / "ablations").rglob("*.yaml")):
         text = path.read_text()
         assert text.startswith("#") and "python sweeps/run.py" in text, f"{path.name}: opening comment"
         spec, trials = load_spec(path)
-        assert trials and spec.name == path.stem
+        # GPU variants keep their CPU twin's file name; their sweep name says gpu so stores never mix them.
+        assert trials and spec.name == ("gpu_" if path.parent.name == "gpu" else "") + path.stem
 
 
 def test_cli_dry_run_prints_the_table(tmp_path):
