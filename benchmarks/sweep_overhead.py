@@ -13,6 +13,7 @@ concurrency) / trials, the time each trial pays beyond perfect parallel scaling.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
     a = ap.parse_args()
-    import ragen2_core.train.trainer  # noqa: F401  (imports are warm for the sequential side, as for a user)
+    importlib.import_module("ragen2_core.train.trainer")  # warm imports for the sequential side, as for a user
     with tempfile.TemporaryDirectory() as d:
         spec = write_spec(Path(d), a.steps)
         seq = sequential(spec)

@@ -30,6 +30,7 @@ class RolloutBatch:
     prompt_len: list[int]
     responses: list[list[str]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
+    step_infos: list[list[dict]] = field(default_factory=list)  # per row and turn: the env's StepResult.info
 
     def __len__(self) -> int:
         return len(self.token_ids)

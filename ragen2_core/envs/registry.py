@@ -5,11 +5,15 @@ from collections.abc import Callable
 from dataclasses import asdict
 
 from .base import TextEnv
+from .code import CodeEnv
 from .frozenlake import FrozenLakeEnv
+from .math import MathEnv
 from .sokoban import SokobanEnv
 
-_ENVS: dict[str, type[TextEnv]] = {"frozenlake": FrozenLakeEnv, "sokoban": SokobanEnv}
+_ENVS: dict[str, type[TextEnv]] = {"frozenlake": FrozenLakeEnv, "sokoban": SokobanEnv, "math": MathEnv,
+                                   "code": CodeEnv}
 ENV_NAMES: list[str] = list(_ENVS)
+SINGLE_TURN: frozenset[str] = frozenset({"math", "code"})  # one reply per episode, seeds split by content
 
 
 def make_env(name: str, **kwargs) -> TextEnv:
@@ -25,6 +29,8 @@ def env_kwargs(env_cfg, name: str | None = None, *, slip: float | None = None) -
     common = dict(slip=env_cfg.slip if slip is None else slip, max_turns=env_cfg.max_turns,
                   max_actions_per_turn=env_cfg.max_actions_per_turn,
                   max_actions=env_cfg.max_actions, format_penalty=env_cfg.format_penalty)
+    if name in SINGLE_TURN:  # they draw validation problems from a held-out share for these seeds
+        common["val_seed_start"] = env_cfg.val_seed_start
     return {**common, **asdict(getattr(env_cfg, name))}
 
 

@@ -38,6 +38,7 @@ from ragen2_core.rollout.prompt import first_chunk, next_chunk
 FORMAT_VERSION = 3
 TOKENIZER_EPISODES = 400      # expert episodes per env that the BPE is trained on
 REPLY_BUDGET = 96             # the budget number the expert prompts show (rollout.max_new_tokens)
+LATER_ENVS = ("math", "code")  # env sections outside the key unless listed in warmstart.envs
 
 
 def reply_text(think: str, actions: list[str]) -> str:
@@ -53,16 +54,22 @@ def expert_episode(env, seed: int, style: str) -> list[tuple[str, str]]:
         expert = env.expert_turn(style)
         reply = reply_text(expert.think, expert.actions)
         turns.append((chunk, reply))
+        if turn >= env.max_turns:  # the last turn's step would only cost time (a sandbox run for code)
+            return turns
         result = env.step("<think>" + reply)
-        if result.done or turn >= env.max_turns:
+        if result.done:
             return turns
         turn += 1
         chunk = next_chunk(result.reward, turn, result.observation, env.actions_left, REPLY_BUDGET)
 
 
 def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
+    # Sections of envs added after the grid envs enter the key only when their traces are used, so
+    # adding an env to the config does not invalidate the policies already cached.
+    unused = [name for name in LATER_ENVS if name not in warm_cfg.envs]
     shape = {"version": FORMAT_VERSION, "policy": asdict(policy_cfg), "warmstart": asdict(warm_cfg),
-             "env": {k: v for k, v in asdict(env_cfg).items() if k not in ("name", "slip", "val_seeds", "val_seed_start")}}
+             "env": {k: v for k, v in asdict(env_cfg).items()
+                     if k not in ("name", "slip", "val_seeds", "val_seed_start", *unused)}}
     shape["policy"].pop("cache_dir")
     shape["policy"].pop("model")
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]

@@ -166,6 +166,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     token_rewards = [[] for _ in range(B)]
     think_spans = [[] for _ in range(B)]
     responses = [[] for _ in range(B)]
+    step_infos = [[] for _ in range(B)]
     episode_reward, n_valid = [0.0] * B, [0] * B
     n_turns, success, truncated = [0] * B, [False] * B, [False] * B
     chunks = [enc(first_chunk(env.system_prompt(), o, env.actions_left, sampling.max_new_tokens))
@@ -210,6 +211,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
             if reply:
                 token_rewards[b][-1] = float(result.reward)
             responses[b].append(text)
+            step_infos[b].append(dict(result.info))
             episode_reward[b] += float(result.reward)
             n_turns[b] += 1
             n_valid[b] += int(bool(result.info.get("format_valid", False)))
@@ -230,5 +232,5 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
         token_ids=token_ids, response_mask=response_mask, token_rewards=token_rewards,
         episode_reward=episode_reward, success=success, group_ids=list(group_ids),
         env_seeds=list(env_seeds), n_turns=n_turns, n_valid_turns=n_valid, think_spans=think_spans,
-        prompt_len=prompt_len, responses=responses, truncated=truncated,
+        prompt_len=prompt_len, responses=responses, truncated=truncated, step_infos=step_infos,
     )

@@ -47,7 +47,10 @@ def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[i
 
 
 def random_baseline(make_env: Callable[[], TextEnv], *, seeds: list[int], seed: int = 0) -> dict:
-    """Success of uniformly random well-formed actions (max per turn), the floor to beat."""
+    """Success of uniformly random well-formed actions (max per turn), the floor to beat; None for
+    envs without a discrete action set (math answers, programs), where it is not defined."""
+    if not make_env().action_names:
+        return {"success": None}
     rng = random.Random(seed)
     wins = 0
     for s in seeds:

@@ -51,7 +51,9 @@ def to_text(rows: list[dict]) -> str:
 
 
 def _cell(v) -> str:
-    return f"{v:.4g}" if isinstance(v, float) else str(v)
+    if isinstance(v, float):
+        return f"{v:.4g}" if math.isfinite(v) else "-"  # e.g. the std of one seed: no number, not "nan"
+    return str(v)
 
 
 def dry_run(spec: SweepSpec, trials: list[Trial]) -> str:
@@ -158,8 +160,14 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
     # "local" starts a private cluster even where another `ray start` cluster runs on this machine.
     ray.init(address=spec.ray.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              configure_logging=True, logging_level="warning")
-    trainable = tune.with_resources(tune.with_parameters(train_trial, spec=spec, trials=by_id),
-                                    {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    # A multi-worker trial's own process only coordinates (TorchTrainer reserves its workers), and
+    # Tune does not count those workers: cap concurrency by what the cluster can hold.
+    multi = spec.resources.workers > 1
+    trial_res = {"cpu": 0, "memory": 2**20} if multi else {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
+    trainable = tune.with_resources(tune.with_parameters(train_trial, spec=spec, trials=by_id), trial_res)
+    if multi:
+        fit = int(ray.cluster_resources().get("CPU", 1) // (spec.resources.cpu * spec.resources.workers)) or 1
+        spec.max_concurrent = min(spec.max_concurrent or fit, fit)
     steps = {t.trial_id: load_config(spec.base_path, t.overrides).train.steps for t in trials}
     tracker = SweepTracker(uri, parent.experiment_id, parent.run_id, spec, by_id)
     total = spec.search.samples if spec.search.kind == "optuna" else len(trials)

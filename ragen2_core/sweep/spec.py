@@ -76,7 +76,9 @@ class StopperSpec:
 @dataclasses.dataclass
 class ResourcesSpec:
     cpu: float = opt(1.0, "CPUs per trial; also its torch thread count (rounded up)", gt=0)
-    gpu: float = opt(0.0, "GPUs per trial (fractions share a GPU)", ge=0)
+    gpu: float = opt(0.0, "GPUs per trial (fractions share a GPU); per worker when workers > 1", ge=0)
+    workers: int = opt(1, "training processes per trial; > 1 runs them data-parallel under Ray Train's "
+                          "TorchTrainer (cpu and gpu are then per worker)", ge=1)
 
 
 @dataclasses.dataclass

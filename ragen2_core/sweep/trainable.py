@@ -34,13 +34,17 @@ def resolve(spec: SweepSpec, trials: dict[str, Trial], config: dict) -> Trial:
 
 
 class TuneSink(SinkContext):
-    """Trainer sink inside a Tune trial. Fails the trial on a NaN in a guarded metric."""
+    """Trainer sink inside a Tune trial. Fails the trial on a NaN in a guarded metric.
 
-    def __init__(self, out_dir: Path, metric: str, nan_guard: list[str]):
+    `report` is `tune.report` in a one-process trial, `ray.train.report` in a Ray Train worker
+    (whose rank-0 reports TuneReportCallback forwards to Tune)."""
+
+    def __init__(self, out_dir: Path, metric: str, nan_guard: list[str], report=None):
         self.dir = Path(out_dir) / SIDECAR
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metric, self.nan_guard = metric, nan_guard
         self.objective = None
+        self.report = report or tune.report
 
     def log_metrics(self, metrics, step):
         for key in self.nan_guard:
@@ -52,7 +56,7 @@ class TuneSink(SinkContext):
         report = {k: float(v) for k, v in metrics.items()} | {"step": int(step)}
         if self.objective is not None:
             report[OBJECTIVE] = self.objective
-        tune.report(report)
+        self.report(report)
 
     def log_params(self, params):
         pass  # the driver logs the trial's full config when it opens the MLflow run
@@ -82,8 +86,37 @@ def train_trial(config: dict, spec: SweepSpec, trials: dict[str, Trial]) -> None
 
     trial = resolve(spec, trials, config)
     cfg = load_config(spec.base_path, trial.overrides)
+    if spec.resources.workers > 1:
+        return train_workers(cfg, spec, trial)
     sink = TuneSink(Path(cfg.train.output_dir), spec.metric, spec.nan_guard)
     run(cfg, sink)
+
+
+def worker_loop(loop_config: dict) -> None:
+    """One Ray Train worker: the trainer joins the process group TorchTrainer opened (gloo on CPU,
+    nccl on GPU); every rank reports each step (Ray Train gathers them; rank 0's reach Tune)."""
+    import ray.train
+
+    from ragen2_core.train.trainer import run
+
+    cfg = loop_config["cfg"]
+    run(cfg, TuneSink(Path(cfg.train.output_dir), loop_config["metric"], loop_config["nan_guard"],
+                      report=ray.train.report))
+
+
+def train_workers(cfg, spec: SweepSpec, trial: Trial) -> None:
+    """A data-parallel trial: `workers` trainer processes under TorchTrainer, inside this Tune trial.
+    Its Train run is named after the trial id, so a resumed sweep finds the same run again."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    r = spec.resources
+    per_worker = {"CPU": r.cpu} | ({"GPU": r.gpu} if r.gpu else {})
+    TorchTrainer(worker_loop, train_loop_config={"cfg": cfg, "metric": spec.metric, "nan_guard": spec.nan_guard},
+                 scaling_config=ScalingConfig(num_workers=r.workers, use_gpu=bool(r.gpu), resources_per_worker=per_worker),
+                 run_config=RunConfig(name=f"train-{trial.trial_id}", storage_path=str(spec.sweep_dir / "train"),
+                                      callbacks=[TuneReportCallback()])).fit()
 
 
 class CollapseStopper(tune.Stopper):

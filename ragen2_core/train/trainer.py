@@ -25,6 +25,7 @@ from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, selec
 from ragen2_core.algo.losses import actor_loss_terms, aggregate, entropy_from_logits, kl_penalty, logp_from_logits, value_loss
 from ragen2_core.algo.schedules import keep_value
 from ragen2_core.config import config_hash, dump_yaml, flatten
+from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.metrics.collapse import collapse_metrics, ema_update
 from ragen2_core.metrics.gradients import spread_buckets
@@ -269,7 +270,7 @@ def rollout_metrics(batch: RolloutBatch, n_groups: int, group_size: int) -> dict
         "rollout/frac_zero_std_groups": float((spread <= 1e-8).float().mean()),
         "rollout/response_tokens": sum(map(sum, batch.response_mask)) / len(batch),
         "rollout/truncated": sum(batch.truncated) / len(batch),
-    }
+    } | {f"rollout/{k}": v for k, v in sandbox_metrics(i for infos in batch.step_infos for i in infos).items()}
 
 
 def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, reference, tok, cfg, micro: int,

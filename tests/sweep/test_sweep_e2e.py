@@ -151,3 +151,19 @@ def test_optuna_sweep_runs(tmp_path, cache):
     client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "tuned")
     assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children)
     assert len({r.data.params["algo.kl_coef"] for r in children}) == 3
+
+
+@pytest.mark.slow
+def test_two_worker_trial_runs_data_parallel_under_torchtrainer(tmp_path, cache):
+    # One trial of 2 workers x 1 CPU: TorchTrainer opens a gloo group, each worker rolls out its own
+    # groups under DeepSpeed, rank 0's metrics reach Tune and MLflow like a one-process trial's.
+    spec = write_spec(tmp_path, "ddp", cache, arms={"a": {}}, resources={"cpu": 1, "workers": 2}, max_concurrent=1)
+    done = sweep(tmp_path, spec, "--no-report", timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    client, _, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "ddp")
+    assert len(children) == 1 and children[0].info.status == "FINISHED"
+    run_id = children[0].info.run_id
+    assert [m.step for m in client.get_metric_history(run_id, "rollout/success")] == [1, 2]
+    assert [m.step for m in client.get_metric_history(run_id, "eval/success")] == [2]
+    out = Path(children[0].data.tags["ragen2.output_dir"])
+    assert (out / "policy").is_dir() and (out / "result.json").is_file()
