@@ -17,7 +17,7 @@ import torch
 
 from ragen2_core.algo.losses import actor_loss_terms
 from ragen2_core.metrics.gradients import decomposition_stats
-from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
+from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, window
 
 
 def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, micro: int) -> list[dict | None]:
@@ -41,9 +41,10 @@ def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, mic
         for mb in torch.split(rows, micro):
             L = int(prep["lengths"][mb].max())
             ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
-            cut = lambda x: None if x is None else x[mb, :L - 1]  # noqa: E731
-            logits = forward_logits(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
-            terms = actor_loss_terms(logits, ids[:, 1:], cut(prep["mask"]), None,
+            logits, start = forward_window(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
+            # per-token tensors cut to the rows and moved into the logits' window
+            cut = lambda x: None if x is None else window(x[mb, :L - 1], start, logits.shape[1])  # noqa: E731
+            terms = actor_loss_terms(logits, window(ids[:, 1:], start, logits.shape[1]), cut(prep["mask"]), None,
                                      cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
                                      clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
             share = len(mb) / len(rows)

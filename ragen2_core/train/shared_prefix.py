@@ -8,11 +8,12 @@ is differentiable: the backward sums the rows' gradients into the one prompt), a
 each row is fed on top. The logits equal the plain forward's up to float rounding (tested), so the
 loss and gradients do too.
 
-    logits = forward_logits(actor.forward, ids, attn, prefix_len=prefix_len)   # [R, L-1, V]
-    order = micro_batch_order(lengths, group_ids)                               # sharers adjacent
+    logits, start = forward_window(actor.forward, ids, attn, prefix_len=prefix_len)  # [R, W, V], [R]
+    mask_w = window(mask, start, logits.shape[1])     # any [R, L-1] per-token tensor, aligned to logits
+    order = micro_batch_order(lengths, group_ids)     # row order that keeps sharers together
 
-Positions before the last prompt token get zero logits: they predict prompt tokens, which are never
-trained on (the response mask is 0 there).
+Only positions from the prompt's last token on are computed: the ones before predict prompt tokens,
+which are never trained on (the response mask is 0 there).
 """
 from __future__ import annotations
 
@@ -31,26 +32,34 @@ def _cache_arg(forward) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-def forward_logits(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None = None,
-                   cache_arg: str | None = None) -> torch.Tensor:
-    """Logits predicting each next token, [R, L-1, V] float.
+def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None = None,
+                   cache_arg: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits for the positions that can be trained on, and where they start.
 
     Args:
         forward: a model, or an engine's forward (called with HF keyword arguments).
         ids, attn: [R, L] right-padded token ids and attention mask.
         prefix_len: [R] length of each row's shared first prompt, or None for one plain forward.
             Rows whose first `prefix_len` tokens are identical share one prompt encoding.
+
+    Returns:
+        (logits [R, W, V] float, start [R] long): ``logits[r, j]`` predicts token ``start[r] + j + 1``,
+        i.e. sits at next-token position ``start[r] + j``. Without sharing, start = 0 and W = L - 1;
+        with it, start = prefix_len - 1 and W = the longest continuation, so the loss never touches
+        the prompt positions (most of the sequence, and never trained on).
     """
-    if prefix_len is None:
-        return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
     R, L = ids.shape
     device = ids.device
+    plain = lambda: (forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float(),  # noqa: E731
+                     torch.zeros(R, dtype=torch.long, device=device))
+    if prefix_len is None:
+        return plain()
     p = prefix_len.tolist()
     keys = [tuple(ids[r, :p[r]].tolist()) for r in range(R)]
     uniq = list(dict.fromkeys(keys))
-    owner = torch.tensor([uniq.index(k) for k in keys], device=device)      # [R] prompt of each row
     if len(uniq) == R:   # nothing shared: one plain forward is cheaper than two
-        return forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float()
+        return plain()
+    owner = torch.tensor([uniq.index(k) for k in keys], device=device)      # [R] prompt of each row
 
     # Prompts, left-padded so they all end at the same cache column.
     P = max(len(k) for k in uniq)
@@ -67,8 +76,7 @@ def forward_logits(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len
     cache.batch_select_indices(owner)                                        # [U] -> [R] rows
 
     # The rest of each row, right-padded, at positions p .. L_r - 1.
-    lengths = attn.sum(-1)
-    n = (lengths - prefix_len).clamp(min=0)                                  # [R] continuation tokens
+    n = (attn.sum(-1) - prefix_len).clamp(min=0)                             # [R] continuation tokens
     C = max(int(n.max()), 1)
     cont_ids = torch.zeros(R, C, dtype=torch.long, device=device)
     cont_mask = torch.zeros(R, C, dtype=torch.long, device=device)
@@ -79,24 +87,26 @@ def forward_logits(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len
     cont = forward(input_ids=cont_ids, attention_mask=torch.cat([pre_mask[owner], cont_mask], dim=1),
                    position_ids=pos, use_cache=True, **{arg: cache},
                    cache_position=torch.arange(P, P + C, device=device)).logits.float()   # [R, C, V]
+    # The prompt's last position predicts token p; continuation position j predicts token p + j + 1.
+    return torch.cat([last[owner][:, None], cont[:, :C - 1]], dim=1), prefix_len - 1
 
-    # Scatter into next-token positions: position p-1 (the prompt's last token) predicts token p,
-    # continuation position j predicts token p + j + 1.
-    rows, cols, src_rows, src_cols = [], [], [], []
-    for r in range(R):
-        k = int(n[r])
-        rows += [r] * max(k - 1, 0)
-        cols += list(range(p[r], p[r] + k - 1))
-        src_rows += [r] * max(k - 1, 0)
-        src_cols += list(range(0, k - 1))
-    V = last.shape[-1]
-    logits = torch.zeros(R, L - 1, V, device=device, dtype=last.dtype)
-    first = torch.nonzero(n > 0).flatten()         # rows with at least one token after the prompt
-    logits = logits.index_put((first, prefix_len[first] - 1), last[owner[first]])
-    if rows:
-        logits = logits.index_put((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
-                                  cont[torch.tensor(src_rows, device=device), torch.tensor(src_cols, device=device)])
-    return logits
+
+def window(x: torch.Tensor, start: torch.Tensor, width: int) -> torch.Tensor:
+    """[R, T] per-position values -> [R, width] at positions start[r] .. start[r] + width - 1
+    (zero past the end of x)."""
+    idx = start[:, None] + torch.arange(width, device=x.device)[None]
+    valid = idx < x.shape[1]
+    out = x.gather(1, idx.clamp(max=x.shape[1] - 1))
+    return out * valid if out.dtype != torch.bool else out & valid
+
+
+def unwindow(values: torch.Tensor, start: torch.Tensor, length: int) -> torch.Tensor:
+    """Inverse of `window`: [R, W] -> [R, length], zero outside each row's window."""
+    R, W = values.shape
+    idx = start[:, None] + torch.arange(W, device=values.device)[None]
+    keep = idx < length
+    rows = torch.arange(R, device=values.device)[:, None].expand(R, W)
+    return values.new_zeros(R, length).index_put((rows[keep], idx[keep]), values[keep])
 
 
 def micro_batch_order(lengths: torch.Tensor, group_ids: torch.Tensor | None) -> torch.Tensor:

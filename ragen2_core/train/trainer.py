@@ -38,7 +38,7 @@ from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
 from ragen2_core.train.grad_probe import gradient_probe
-from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
+from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
 from ragen2_core.types import RolloutBatch
@@ -69,12 +69,11 @@ def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None 
     for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
         L = int(lengths[rows].max())
         ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
-        logits = forward_logits(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
-        real = attn[:, 1:].float()
-        if prefix_len is not None:  # prompt positions were not computed; they are never trained on
-            real = real * (torch.arange(L - 1, device=device)[None] >= prefix_len[rows, None] - 1)
-        logp[rows, :L - 1] = logp_from_logits(logits, ids[:, 1:]) * real
-        entropy[rows, :L - 1] = entropy_from_logits(logits) * real
+        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
+        w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
+        real = w(attn[:, 1:].float())
+        logp[rows, :L - 1] = unwindow(logp_from_logits(logits, w(ids[:, 1:])) * real, start, L - 1)
+        entropy[rows, :L - 1] = unwindow(entropy_from_logits(logits) * real, start, L - 1)
     return logp, entropy
 
 
@@ -345,14 +344,15 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                 weight = 1.0 if len(rows) else 0.0
                 rows = rows if len(rows) else mb[:1]
                 L = int(lengths[rows].max())
-                ids, attn, m = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
+                ids, attn, m_full = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
                 with torch.set_grad_enabled(train_actor):
-                    logits = forward_logits(actor.forward, ids, attn,
-                                            prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
-                    terms = actor_loss_terms(logits, ids[:, 1:], m,
-                                             cut(p["old_logp"], rows, L), p["advantages"][rows, :L - 1],
-                                             cut(p["ref_logp"], rows, L), clip_low=algo.clip_low,
-                                             clip_high=algo.clip_high, agg=algo.loss_agg,
+                    logits, start = forward_window(actor.forward, ids, attn,
+                                                   prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
+                    w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
+                    m = w(m_full)  # the actor's per-token tensors live in the logits' window
+                    terms = actor_loss_terms(logits, w(ids[:, 1:]), m, w(cut(p["old_logp"], rows, L)),
+                                             w(p["advantages"][rows, :L - 1]), w(cut(p["ref_logp"], rows, L)),
+                                             clip_low=algo.clip_low, clip_high=algo.clip_high, agg=algo.loss_agg,
                                              kl_estimator=algo.kl_estimator)
                 loss = terms["pg"]
                 if algo.entropy_coef:  # actor/entropy is logged either way
@@ -365,14 +365,14 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                 if epoch == 0 and weight and p["old_logp"] is None:
                     ent_sum += float((terms["entropy_tok"] * m).sum())
                     if reference is not None:
-                        kl_tok = kl_penalty(terms["logp"], p["ref_logp"][rows, :L - 1], estimator=algo.kl_estimator)
+                        kl_tok = kl_penalty(terms["logp"], w(p["ref_logp"][rows, :L - 1]), estimator=algo.kl_estimator)
                         kl_sum += float((kl_tok * m).sum())
                     n_tok += float(m.sum())
                 for k in ("pg", "clipfrac", "approx_kl"):
                     logs.setdefault({"pg": "actor/pg_loss"}.get(k, f"actor/{k}"), []).append(float(terms[k].detach()))
                 if critic is not None:
                     values = critic.forward(input_ids=ids, attention_mask=attn).logits[:, :-1, 0].float()
-                    vloss, vstats = value_loss(values, p["old_values"][rows, :L - 1], p["returns"][rows, :L - 1], m,
+                    vloss, vstats = value_loss(values, p["old_values"][rows, :L - 1], p["returns"][rows, :L - 1], m_full,
                                                clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * weight)
                     critic.step()

@@ -1,8 +1,10 @@
-"""Shared-prompt forward equals the plain forward: logits at every trained position and gradients."""
+"""Shared-prompt forward equals the plain forward: log-probs and entropies at every trained
+position, and gradients."""
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ragen2_core.train.shared_prefix import forward_logits, micro_batch_order
+from ragen2_core.algo.losses import entropy_from_logits, logp_from_logits
+from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 
 
 def setup():
@@ -25,13 +27,24 @@ def setup():
     return model, ids, attn, prefix, trained
 
 
-def test_logits_equal_at_trained_positions():
+def per_position(model, ids, attn, prefix_len):
+    """Log-prob of each next token and the entropy there, [R, L-1], from the (windowed) forward."""
+    logits, start = forward_window(model, ids, attn, prefix_len=prefix_len)
+    targets = window(ids[:, 1:], start, logits.shape[1])
+    L1 = ids.shape[1] - 1
+    return (unwindow(logp_from_logits(logits, targets), start, L1),
+            unwindow(entropy_from_logits(logits), start, L1), logits.shape[1])
+
+
+def test_trained_positions_equal_the_plain_forward():
     model, ids, attn, prefix, trained = setup()
-    plain = forward_logits(model, ids, attn)
-    shared = forward_logits(model, ids, attn, prefix_len=prefix)
-    assert shared.shape == plain.shape
-    diff = ((plain - shared).abs() * trained[..., None]).detach()
-    assert float(diff.max()) < 1e-5
+    with torch.no_grad():
+        lp, ent, W = per_position(model, ids, attn, None)
+        lp_s, ent_s, W_s = per_position(model, ids, attn, prefix)
+    assert W == ids.shape[1] - 1 and W_s == 5   # the window spans the longest continuation only
+    on = trained.bool()
+    torch.testing.assert_close(lp_s[on], lp[on], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent_s[on], ent[on], atol=1e-5, rtol=1e-5)
 
 
 def test_gradients_equal():
@@ -39,9 +52,8 @@ def test_gradients_equal():
 
     def grads(prefix_len):
         model.zero_grad()
-        logits = forward_logits(model, ids, attn, prefix_len=prefix_len)
-        logp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
-        (logp * trained).sum().backward()
+        lp, _, _ = per_position(model, ids, attn, prefix_len)
+        (lp * trained).sum().backward()
         return torch.cat([p.grad.flatten() for p in model.parameters()])
 
     plain, shared = grads(None), grads(prefix)
@@ -52,7 +64,16 @@ def test_gradients_equal():
 def test_unshared_prompts_fall_back_to_one_plain_forward():
     model, ids, attn, _, _ = setup()
     own = torch.tensor([7, 5, 4, 2, 6])  # prefixes that differ row to row: nothing to share
-    torch.testing.assert_close(forward_logits(model, ids, attn, prefix_len=own), forward_logits(model, ids, attn))
+    logits, start = forward_window(model, ids, attn, prefix_len=own)
+    assert logits.shape[1] == ids.shape[1] - 1 and not start.any()
+
+
+def test_window_and_unwindow_by_hand():
+    x = torch.tensor([[1., 2., 3., 4.], [5., 6., 7., 8.]])
+    start = torch.tensor([1, 2])
+    # row 0: positions 1, 2, 3; row 1: positions 2, 3 and one past the end (zero)
+    assert window(x, start, 3).tolist() == [[2., 3., 4.], [7., 8., 0.]]
+    assert unwindow(torch.tensor([[1., 1., 1.], [2., 2., 2.]]), start, 4).tolist() == [[0., 1., 1., 1.], [0., 0., 2., 2.]]
 
 
 def test_micro_batch_order_keeps_groups_together():
