@@ -28,6 +28,8 @@ import yaml
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from ragen2_core.tracking.mlflow_sink import search_all_runs
+
 METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_zscore_ema", "actor/entropy",
            "filter/kept_ratio", "rollout/think_tokens", "cost/cum_rollout_tokens", "cost/cum_wall_s")
 PARENT = "mlflow.parentRunId"
@@ -139,16 +141,6 @@ def dedupe(history) -> tuple[list[int], list[float]]:
     return steps, [by_step[s][2] for s in steps]
 
 
-def _all_runs(client: MlflowClient, experiment_id: str, where: str = "") -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=where, max_results=1000, page_token=token)
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
-
-
 def _text_artifact(client: MlflowClient, run_id: str, path: str) -> Optional[str]:
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +175,7 @@ def collect(tracking_uri: str, experiment: str, metrics=METRICS) -> Sweep:
                                 f"deleted; restore it with `mlflow experiments restore --experiment-id "
                                 f"{exp.experiment_id}` or pick another: {', '.join(experiment_names(client))}")
     notes: list[str] = []
-    runs = _all_runs(client, exp.experiment_id)
+    runs = search_all_runs(client, exp.experiment_id)
     parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
     parent = max(parents, key=lambda r: r.info.start_time or 0) if parents else None
     if len(parents) > 1:

@@ -21,6 +21,7 @@ from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
 from ragen2_core.config import config_hash, dump_yaml, flatten, load_config
+from ragen2_core.tracking.mlflow_sink import search_all_runs
 from ragen2_core.sweep.spec import SweepSpec
 from ragen2_core.sweep.trials import Trial
 from ragen2_core.sweep.trainable import SIDECAR, resolve
@@ -32,13 +33,7 @@ PARENT = "mlflow.parentRunId"
 def find_runs(client: MlflowClient, experiment_id: str, **tags: str) -> list:
     """Active runs of an experiment whose tags equal `tags` (keys with '.' written as '__')."""
     where = " and ".join(f"tags.`{k.replace('__', '.')}` = '{v}'" for k, v in tags.items())
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=where, max_results=1000, page_token=token)
-        runs += list(page)
-        token = page.token
-        if not token:
-            return runs
+    return search_all_runs(client, experiment_id, where)
 
 
 class SweepTracker(Callback):

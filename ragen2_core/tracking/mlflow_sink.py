@@ -50,6 +50,17 @@ PARENT_TAG = "mlflow.parentRunId"
 _CUT = "...[truncated]"
 
 
+def search_all_runs(client, experiment_id: str, where: str = "") -> list:
+    """Every run of an experiment matching the filter string, across all result pages."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=where, max_results=1000, page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
 def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 

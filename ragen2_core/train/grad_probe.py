@@ -10,13 +10,14 @@ KL placed `in_reward` acts through the advantages, so it is part of the task com
 the KL component is 0; likewise a zero coefficient gives a zero component (the work is skipped).
 
     stats = gradient_probe(actor.module, prepared, [all_rows, low_spread_rows], algo=cfg.algo, micro=16)
+    metrics = probe_batch(actor.module, prepared, batch.group_ids, group_reward_std, cfg=cfg, micro=16)
 """
 from __future__ import annotations
 
 import torch
 
 from ragen2_core.algo.losses import actor_loss_terms
-from ragen2_core.metrics.gradients import decomposition_stats
+from ragen2_core.metrics.gradients import decomposition_stats, spread_buckets
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, window
 
 
@@ -56,4 +57,21 @@ def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, mic
                     if g is not None:
                         a.add_(g)
         out.append(decomposition_stats({c: acc.get(c) for c in coef}))
+    return out
+
+
+def probe_batch(model, prep: dict, group_ids: list[int], spread: torch.Tensor, *, cfg, micro: int) -> dict[str, float]:
+    """The logged metrics: `actor/grad_norm_*` over the whole batch and `grad_probe/b{i}/*` per band
+    of in-group reward spread (`grad_probe.buckets` quantile bands, b0 = lowest spread)."""
+    group_of_row = torch.tensor(group_ids)
+    bucket_of_row = spread_buckets(spread, n_buckets=cfg.grad_probe.buckets)[group_of_row]
+    n_buckets = cfg.grad_probe.buckets if cfg.grad_probe.buckets > 1 else 0
+    row_sets = [torch.arange(len(group_ids))] + [torch.nonzero(bucket_of_row == b).flatten() for b in range(n_buckets)]
+    stats = gradient_probe(model, prep, [r.to(prep["lengths"].device) for r in row_sets], algo=cfg.algo, micro=micro)
+    out = {f"actor/{k}": v for k, v in stats[0].items()}
+    for b, st in enumerate(stats[1:]):
+        rows = row_sets[b + 1]
+        out[f"grad_probe/b{b}/group_reward_std"] = float(spread[group_of_row[rows]].mean()) if len(rows) else float("nan")
+        for k, v in (st or {}).items():
+            out[f"grad_probe/b{b}/{k}"] = v
     return out

@@ -28,7 +28,6 @@ from ragen2_core.config import config_hash, dump_yaml, flatten
 from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.metrics.collapse import collapse_metrics, ema_update
-from ragen2_core.metrics.gradients import spread_buckets
 from ragen2_core.policy.load import load_policy
 from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
@@ -37,7 +36,7 @@ from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
-from ragen2_core.train.grad_probe import gradient_probe
+from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
@@ -200,7 +199,8 @@ def run(cfg, sink) -> dict:
         # ============================================================ diagnostics: gradient probe
         if cfg.grad_probe.every and step % cfg.grad_probe.every == 0:
             t0_probe = time.perf_counter()
-            metrics |= probe_gradients(batch, spread, row_weight, actor, critic, reference, tok, cfg, micro)
+            prep = prepare(batch, row_weight, actor, critic, reference, tok, cfg, micro, on_policy=True)
+            metrics |= probe_batch(actor.module, prep, batch.group_ids, spread, cfg=cfg, micro=micro)
             metrics["time/grad_probe_s"] = time.perf_counter() - t0_probe
             t0 += metrics["time/grad_probe_s"]  # keep the probe out of the update's cost
 
@@ -393,25 +393,6 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
     out["actor/lr"] = actor.lr()
     if critic is None:
         out |= {"critic/value_loss": float("nan"), "critic/vf_clipfrac": float("nan")}
-    return out
-
-
-def probe_gradients(batch: RolloutBatch, spread: torch.Tensor, row_weight: torch.Tensor, actor, critic,
-                    reference, tok, cfg, micro: int) -> dict[str, float]:
-    """Task / KL / entropy gradient norms on the whole batch and per band of group reward spread."""
-    p = prepare(batch, row_weight, actor, critic, reference, tok, cfg, micro, on_policy=True)
-    group_of_row = torch.tensor(batch.group_ids)
-    bucket_of_row = spread_buckets(spread, n_buckets=cfg.grad_probe.buckets)[group_of_row]
-    n_buckets = cfg.grad_probe.buckets if cfg.grad_probe.buckets > 1 else 0
-    row_sets = [torch.arange(len(batch))] + [torch.nonzero(bucket_of_row == b).flatten() for b in range(n_buckets)]
-    stats = gradient_probe(actor.module, p, [r.to(p["lengths"].device) for r in row_sets], algo=cfg.algo, micro=micro)
-    out = {f"actor/{k}": v for k, v in stats[0].items()}
-    for b, st in enumerate(stats[1:]):
-        rows = row_sets[b + 1]
-        out[f"grad_probe/b{b}/group_reward_std"] = (float(spread[group_of_row[rows]].mean())
-                                                    if len(rows) else float("nan"))
-        for k, v in (st or {}).items():
-            out[f"grad_probe/b{b}/{k}"] = v
     return out
 
 
