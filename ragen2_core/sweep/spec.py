@@ -367,16 +367,21 @@ def _msg_path(msg: str) -> tuple:
     return tuple(m.group(1).replace("[", ".").replace("]", "").split(".")) if m else ()
 
 
+def key_sources(spec: SweepSpec) -> dict[str, tuple]:
+    """Every dotted config key the spec sets -> its YAML location (the last one that sets it)."""
+    out = {k: ("fixed", k) for k in spec.fixed}
+    for name, arm in spec.arms.items():
+        out.update({k: ("arms", name, k) for k in arm})
+    out.update({k: ("axes", k) for k in spec.axes})
+    for i, group in enumerate(spec.zip):
+        out.update({k: ("zip", i, k) for k in group})
+    out.update({k: ("search", "space", k) for k in spec.search.space})
+    return out
+
+
 def _check_structure(spec: SweepSpec, err: SpecErrors) -> None:
     """Keys exist in the training schema and each varied key has exactly one source."""
-    keys = {k: ("fixed", k) for k in spec.fixed}
-    for name, arm in spec.arms.items():
-        keys.update({k: ("arms", name, k) for k in arm})
-    keys.update({k: ("axes", k) for k in spec.axes})
-    for i, group in enumerate(spec.zip):
-        keys.update({k: ("zip", i, k) for k in group})
-    keys.update({k: ("search", "space", k) for k in spec.search.space})
-    _check_keys(keys, err)
+    _check_keys(key_sources(spec), err)
     varied = [("axes", k) for k in spec.axes] + [("zip", k) for g in spec.zip for k in g] \
         + [("search.space", k) for k in spec.search.space]
     seen: dict[str, str] = {}

@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 # read_yaml: config.py's own reader of a YAML file and its `base:` chain, for the spec hash.
 from ragen2_core.config import ConfigError, read_yaml, load_config
-from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SweepSpec, SpecErrors, parse_spec
+from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SpecErrors, SweepSpec, key_sources, parse_spec
 
 
 @dataclasses.dataclass
@@ -121,7 +121,7 @@ def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErro
             for msg in dict.fromkeys(e.errors):  # a bad preset is reported again after every later override
                 if not _UNKNOWN.search(msg):     # unknown keys were already reported once per spec entry
                     found.setdefault(msg, []).append(t)
-    sources = _sources(spec)
+    sources = key_sources(spec)
     for msg, bad in found.items():
         where, key = _locate(msg, sources)
         n = f" (in {len(bad)} of {len(trials)} trials, e.g. {bad[0].label})" if len(trials) > 1 else ""
@@ -136,15 +136,6 @@ def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErro
 _UNKNOWN = re.compile(r"^override '[^']*': (unknown key|'[^']*' is a value, not a section)")
 
 
-def _sources(spec: SweepSpec) -> dict[str, tuple]:
-    out = {k: ("fixed", k) for k in spec.fixed}
-    for name, arm in spec.arms.items():
-        out.update({k: ("arms", name, k) for k in arm})
-    out.update({k: ("axes", k) for k in spec.axes})
-    for i, g in enumerate(spec.zip):
-        out.update({k: ("zip", i, k) for k in g})
-    out.update({k: ("search", "space", k) for k in spec.search.space})
-    return out
 
 
 def _locate(msg: str, sources: dict[str, tuple]) -> tuple[Optional[tuple], str]:
