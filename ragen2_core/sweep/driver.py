@@ -192,7 +192,10 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
                 metric=OBJECTIVE, mode=spec.mode, search_alg=search_alg(spec),
                 scheduler=scheduler(spec), num_samples=spec.search.samples if spec.search.kind == "optuna" else 1,
                 max_concurrent_trials=spec.max_concurrent or None,
-                trial_name_creator=name_of, trial_dirname_creator=name_of),
+                trial_name_creator=name_of, trial_dirname_creator=name_of,
+                # A finished trial's worker takes the next one: torch, transformers and DeepSpeed are
+                # imported and initialised once per worker instead of once per trial.
+                reuse_actors=not multi),
             run_config=tune.RunConfig(
                 name=spec.name, storage_path=str(exp_dir.parent), stop=stopper, callbacks=[tracker, progress],
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=0, log_to_file=True))

@@ -100,3 +100,17 @@ def test_template_collapse_alert_can_stop_the_run(tmp_path, cache):
     _, result = train(tmp_path, cache, "train.steps=4", "collapse.every=1", "stops.mi_alert_zscore=1e9",
                       "stops.mi_alert_patience=1", "stops.mi_alert_action=stop")
     assert result["stop_reason"] == "template_collapse" and result["steps_done"] == 1
+
+
+def test_every_logged_metric_is_defined_in_docs(tmp_path, cache):
+    # One run with every diagnostic on (MI, gradient probe, KL, GAE critic, eval): each key it logs
+    # must be named in docs/metrics.md (bucket keys grad_probe/b0/... appear there as grad_probe/b{i}/...).
+    import re
+    from pathlib import Path
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    named = set(re.findall(r"`([a-z_]+/[a-z_{}/]+)`", doc))
+    sink, _ = train(tmp_path, cache, "train.steps=2", "collapse.every=1", "grad_probe.every=1",
+                    "algo.kl_coef=0.01", "algo.advantage=gae")
+    logged = {k for _, m in sink.metrics for k in m}
+    missing = sorted(k for k in logged if re.sub(r"/b\d+/", "/b{i}/", k) not in named)
+    assert not missing, f"logged but not defined in docs/metrics.md: {missing}"
