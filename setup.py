@@ -30,6 +30,7 @@ setup(
     extras_require={
         "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "pypdf>=4"],
         "bench": ["trl>=0.20"],
+        "browser": ["playwright>=1.40"],  # the slow-tier UI test; it drives Debian's /usr/bin/chromium
     },
     entry_points={"console_scripts": ["ragen2=ragen2_core.cli:main"]},
 )
