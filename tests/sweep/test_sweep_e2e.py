@@ -112,7 +112,9 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
 
 @pytest.mark.slow
 def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
-    steps = 60
+    # Enough steps that no trial can finish in the ~12 s between its second checkpoint and the kill
+    # (a tiny-policy step takes well under a second).
+    steps = 150
     spec = write_spec(tmp_path, "killed", cache, arms={"a": {}, "b": {"algo.kl_coef": 0.01}},
                       fixed={"train": {"eval_every": 10, "steps": steps, "checkpoint_every": 5}})
     env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
