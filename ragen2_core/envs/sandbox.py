@@ -12,7 +12,7 @@
 How a program is contained (Linux, run as root; anything less is refused, see ``isolation_problem``):
 
 * The parent starts a separate supervisor interpreter (``python -I -S`` this file, empty environment,
-  own session). It calls ``unshare`` for fresh mount, network, PID and IPC namespaces and forks
+  own process group via setsid). It calls ``unshare`` for fresh mount, network, PID and IPC namespaces and forks
   the namespace's PID 1 (still trusted code). The network namespace has only a downed loopback,
   so the program cannot reach any address, including the host's 127.0.0.1.
 * PID 1 mounts size-capped tmpfs file systems: a fresh /tmp per test (the working directory,

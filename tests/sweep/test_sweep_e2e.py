@@ -127,7 +127,7 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     time.sleep(12)  # past Tune's ~10 s experiment-state snapshot
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    # the driver's own Ray processes die with it only eventually; end this session's group
+    # the driver's own Ray processes die with it only eventually; end the driver's process group
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
