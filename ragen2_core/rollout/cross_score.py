@@ -24,6 +24,7 @@ import inspect
 import numpy as np
 import torch
 
+from ragen2_core.rollout.engine import cache_kwarg
 from ragen2_core.types import RolloutBatch
 
 DEFAULT_TOKEN_BUDGET = 16384
@@ -52,11 +53,6 @@ def first_turn_reasonings(batch: RolloutBatch, rows: list[int], *, trajectory: b
         use = spans if trajectory else spans[:1]
         reasonings.append([t for s, e in use for t in ids[s:e]])
     return contexts, reasonings
-
-
-def _cache_kwarg(model) -> str:
-    # transformers 5 renamed the cache argument; older releases still call it past_key_values.
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _keeps_logits(model) -> bool:
@@ -117,7 +113,7 @@ def cross_score(model, contexts: list[list[int]], reasonings: list[list[int]], *
     if token_budget < 1:
         raise ValueError(f"token_budget must be >= 1 (rows x tokens per forward); got {token_budget}.")
     device = next(model.parameters()).device
-    cache_arg, keep_kw = _cache_kwarg(model), {"logits_to_keep": 1} if _keeps_logits(model) else {}
+    cache_arg, keep_kw = cache_kwarg(model), {"logits_to_keep": 1} if _keeps_logits(model) else {}
     chunks = _micro_batches(reasonings, token_budget)
     out = torch.zeros(n * k, n, dtype=torch.float64)
     was_training = model.training

@@ -55,6 +55,12 @@ def sample_tokens(logits: torch.Tensor, p: SamplingParams, generator: torch.Gene
     return torch.multinomial(logits.softmax(-1), 1, generator=generator).squeeze(-1)
 
 
+def cache_kwarg(model) -> str:
+    """Name of the model's KV-cache argument: transformers 5 renamed `past_key_values` to `cache`
+    (and the output attribute with it); older releases still use the old name."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 class KVSession:
     """A batch of token streams sharing one KV cache; rows can be appended to, decoded and dropped."""
 
@@ -66,9 +72,7 @@ class KVSession:
         self.mask = torch.zeros(0, 0, dtype=torch.long, device=self.device)  # [R, L] over cache columns
         self.next_pos: torch.Tensor | None = None                           # [R] real tokens so far
         self.pending: list[list[int]] = []  # sampled but not yet fed (a row's final reply token)
-        # transformers 5 renamed the cache argument; older releases still call it past_key_values.
-        params = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in params else "past_key_values"
+        self.cache_arg = cache_kwarg(model)
 
     def _forward(self, ids: torch.Tensor, chunk_mask: torch.Tensor) -> torch.Tensor:
         """Feed ids [R, A] (chunk_mask marks real tokens); returns last-position logits [R, V]."""

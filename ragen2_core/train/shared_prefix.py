@@ -17,19 +17,18 @@ which are never trained on (the response mask is 0 there).
 """
 from __future__ import annotations
 
-import inspect
-
 import torch
+
+from ragen2_core.rollout.engine import cache_kwarg
 
 
 def _cache_arg(forward) -> str:
-    # transformers 5 calls the cache argument `cache`; older releases `past_key_values`.
+    """`cache_kwarg` of the model behind `forward`: a model, or a bound method of an engine that
+    holds its model as `.module`."""
     if isinstance(forward, torch.nn.Module):
-        module = forward
-    else:  # a bound method of an engine that holds the model as `.module`
-        owner = forward.__self__
-        module = getattr(owner, "module", owner)
-    return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
+        return cache_kwarg(forward)
+    owner = forward.__self__
+    return cache_kwarg(getattr(owner, "module", owner))
 
 
 def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None = None,
