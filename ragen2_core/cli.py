@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from ragen2_core.atomic import write_text_atomic
 from ragen2_core.config import ConfigError, describe, dump_yaml, load_config
 
 
@@ -90,7 +91,7 @@ def cmd_train(cfg, args) -> int:
     run_id = json.loads(run_file.read_text())["run_id"] if cfg.train.resume and run_file.exists() else None
     mlflow = MlflowSink(tracking_uri=cfg.tracking.uri, experiment=cfg.tracking.experiment,
                         run_name=cfg.tracking.run_name, run_id=run_id)
-    atomic_write(run_file, json.dumps({"run_id": mlflow.run_id, "tracking_uri": mlflow.tracking_uri}))
+    write_text_atomic(run_file, json.dumps({"run_id": mlflow.run_id, "tracking_uri": mlflow.tracking_uri}))
     sink = FanoutSink(StdoutSink(total_steps=cfg.train.steps), JsonlSink(out / "metrics.jsonl"), mlflow)
     with sink:
         result = run(cfg, sink)
@@ -99,12 +100,6 @@ def cmd_train(cfg, args) -> int:
           f"MLflow run {mlflow.run_id} at {mlflow.tracking_uri} (browse: mlflow ui --backend-store-uri "
           f"{mlflow.tracking_uri})")
     return 0
-
-
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "warmstart": cmd_warmstart, "config": cmd_config}

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import io
 import json
 import math
 import os
@@ -28,6 +29,7 @@ from typing import Optional
 import matplotlib
 from matplotlib.backends.backend_pdf import PdfPages
 
+from ragen2_core.atomic import write_text_atomic
 from ragen2_core.report import figures
 from ragen2_core.report.analysis import SUCCESS, analyse, usable
 from ragen2_core.report.collect import Sweep, UnknownExperiment, collect, eval_samples, first_thinks
@@ -140,20 +142,14 @@ def _plain(v):
     return v
 
 
-def _temp_beside(path: Path) -> Path:
-    """Write here, then `os.replace` onto `path`: a killed build never leaves a half-written file."""
-    return path.with_name(f".tmp-{path.name}")
-
-
 def write_csv(path: Path, rows: list[dict]) -> None:
     keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = _temp_beside(path)
-    with open(tmp, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r[k] for k in keys})  # empty cell, never "nan"
-    os.replace(tmp, path)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if r.get(k) is None else r[k] for k in keys})  # empty cell, never "nan"
+    write_text_atomic(path, buf.getvalue())
 
 
 def trial_rows(sweep: Sweep) -> list[dict]:
@@ -182,11 +178,12 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
              + figures.cost_pages(sweep, result) + figures.robust_pages(sweep, result))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".tmp-{out.name}")  # renamed into place once whole, like every file here
     with matplotlib.rc_context({"pdf.fonttype": 42}):  # TrueType: the PDF's text can be selected and searched
-        with PdfPages(_temp_beside(out), metadata={"Title": f"ragen2 sweep report: {experiment}", "Subject": prov["question"]}) as pdf:
+        with PdfPages(tmp, metadata={"Title": f"ragen2 sweep report: {experiment}", "Subject": prov["question"]}) as pdf:
             for fig in pages:
                 pdf.savefig(fig)
-    os.replace(_temp_beside(out), out)
+    os.replace(tmp, out)
     stem = out.with_suffix("")
     tables = {"table": result["table"], "comparisons": result["comparisons"], "cost": result["cost"],
               "predictors": [{k: v for k, v in r.items() if k != "points"} for r in result["predictors"]],
@@ -196,8 +193,7 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
     summary = _plain({"experiment": experiment, "pdf": str(out), "pages": len(pages), "baseline": baseline,
                       "seeds": result["seeds"], "notes": sweep.notes, "provenance": prov, **tables,
                       "iqm": result["robust"]["iqm"], "probability_of_improvement": result["robust"]["poi"]})
-    _temp_beside(Path(f"{stem}.json")).write_text(json.dumps(summary, indent=1, allow_nan=False))
-    os.replace(_temp_beside(Path(f"{stem}.json")), Path(f"{stem}.json"))
+    write_text_atomic(Path(f"{stem}.json"), json.dumps(summary, indent=1, allow_nan=False))
     return out, summary
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ray import tune
 
+from ragen2_core.atomic import write_text_atomic
 from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SweepSpec
 from ragen2_core.sweep.trials import Trial, make_trial
@@ -64,7 +65,7 @@ class TuneSink(SinkContext):
     def set_tags(self, tags):
         path = self.dir / "tags.json"
         old = json.loads(path.read_text()) if path.exists() else {}
-        path.write_text(json.dumps(old | {k: str(v) for k, v in tags.items()}))
+        write_text_atomic(path, json.dumps(old | {k: str(v) for k, v in tags.items()}))
 
     def log_text(self, text, artifact_file):
         path = self.dir / "texts" / artifact_file

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ragen2_core.atomic import write_text_atomic
 from ragen2_core.policy.model import save_policy
 
 PREFIX = "step_"
@@ -61,12 +62,8 @@ def save(out_dir: Path, step: int, actor, critic, *, keep: int, rank: int = 0, e
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    """A result file appears whole or not at all (temp file in the same directory + rename)."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, default=float)
-    os.replace(tmp, path)
+    """A result file appears whole or not at all."""
+    write_text_atomic(path, json.dumps(obj, indent=2, default=float))
 
 
 def latest(out_dir: Path) -> Path | None:
