@@ -151,9 +151,12 @@ def run(cfg, sink) -> dict:
         batch = rollout(actor.module, tok, make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
                         group_ids=group_ids, sampling=sampling, generator=gen)
         rollout_s = time.perf_counter() - t0
-        metrics = rollout_metrics(batch, rcfg.n_groups, rcfg.group_size)
+        group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
+        spread = group_reward_stats(group_rewards, statistic="std")   # [G] in-group reward std
+        rollout_tokens = sum(map(sum, batch.response_mask))
+        metrics = rollout_metrics(batch, spread, rollout_tokens)
         metrics["time/rollout_s"] = rollout_s
-        metrics["perf/tokens_per_s"] = sum(map(sum, batch.response_mask)) / max(rollout_s, 1e-9)
+        metrics["perf/tokens_per_s"] = rollout_tokens / max(rollout_s, 1e-9)
 
         # ============================================================ diagnostics: MI proxy
         if ccfg.every and step % ccfg.every == 0 and rank == 0:
@@ -177,7 +180,6 @@ def run(cfg, sink) -> dict:
 
         # ============================================================ filter (SNR hook)
         t0 = time.perf_counter()
-        group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
         keep_target = (fcfg.value if sched.kind == "const" else
                        keep_value(step, total_steps=cfg.train.steps, kind=sched.kind, start=keep_start,
                                   end=sched.end, warmup_steps=min(sched.warmup_steps, cfg.train.steps)))
@@ -185,7 +187,6 @@ def run(cfg, sink) -> dict:
                              statistic=fcfg.statistic, include_zero=fcfg.include_zero)
         kept_rows = [b for b, g in enumerate(batch.group_ids) if keep[g]]
         kept_ratio = float(keep.float().mean())
-        spread = group_reward_stats(group_rewards, statistic="std")
         metrics |= {"filter/kept_ratio": kept_ratio, "filter/kept_groups": int(keep.sum()),
                     "filter/zero_std_groups": int((spread <= 1e-8).sum()),
                     "filter/kept_group_reward_std": float(spread[keep].mean()) if keep.any() else 0.0,
@@ -211,7 +212,6 @@ def run(cfg, sink) -> dict:
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ metrics: cost
-        rollout_tokens = sum(map(sum, batch.response_mask))
         kept_tokens = sum(sum(batch.response_mask[b]) for b in kept_rows)
         wall_s = rollout_s + metrics["time/update_s"]
         loop["cum_rollout_tokens"] += rollout_tokens
@@ -260,14 +260,13 @@ def run(cfg, sink) -> dict:
     return result
 
 
-def rollout_metrics(batch: RolloutBatch, n_groups: int, group_size: int) -> dict[str, float]:
+def rollout_metrics(batch: RolloutBatch, spread: torch.Tensor, rollout_tokens: int) -> dict[str, float]:
+    """`rollout/*` of the batch; `spread` [G] is the in-group reward std, `rollout_tokens` all reply tokens."""
     stats = batch_stats(batch)
-    spread = group_reward_stats(torch.tensor(batch.episode_reward).view(n_groups, group_size),
-                                statistic="std")
     return {f"rollout/{k}": v for k, v in stats.items()} | {
         "rollout/group_reward_std": float(spread.mean()),
         "rollout/frac_zero_std_groups": float((spread <= 1e-8).float().mean()),
-        "rollout/response_tokens": sum(map(sum, batch.response_mask)) / len(batch),
+        "rollout/response_tokens": rollout_tokens / len(batch),
         "rollout/truncated": sum(batch.truncated) / len(batch),
     } | {f"rollout/{k}": v for k, v in sandbox_metrics(i for infos in batch.step_infos for i in infos).items()}
 
