@@ -1,0 +1,23 @@
+"""Result files appear whole or not at all: written to a temp file in the same directory, then renamed
+over the target (`os.replace` is atomic within a filesystem), so a killed process never leaves half a
+file for a reader or a resume to trip over.
+
+    write_text_atomic(out_dir / "result.json", json.dumps(result))
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as f:  # the text goes out exactly as given
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
