@@ -349,6 +349,8 @@ class FrozenLakeConfig:
     size: int = opt(4, "grid side length", ge=2, le=12)
     p_frozen: float = opt(0.9, "probability a tile is frozen (walkable) rather than a hole", gt=0, le=1)
     min_path_len: int = opt(1, "reject maps whose shortest start-goal path is shorter than this", ge=1)
+    scratchpad: str = opt("path", "what grounded reasoning writes: the remaining path's cells (path), or each "
+                          "safe move's cell and distance to the goal, move by move (scan)", choices=["path", "scan"])
 
 
 @dataclasses.dataclass
@@ -576,6 +578,9 @@ class TrainLoopConfig:
     steps: int = opt(100, "RL steps", ge=0)
     seed: int = opt(0, "global seed")
     eval_every: int = opt(10, "validate every N steps; 0 = never", ge=0)
+    eval_greedy: bool = opt(True, "validate greedily; false samples as the rollout does (seeded, the same "
+                            "stream at every validation), which a policy mixing reasoning styles needs: "
+                            "greedy decoding only ever shows the style of its most likely first token")
     checkpoint_every: int = opt(0, "checkpoint every N steps; 0 = only at the end", ge=0)
     keep_checkpoints: int = opt(2, "newest checkpoints kept on disk", ge=1)
     output_dir: str = opt("runs/default", "where checkpoints, logs and the resolved config go")

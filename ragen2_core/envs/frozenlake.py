@@ -38,7 +38,7 @@ class FrozenLakeEnv(TextEnv):
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
                  max_actions: int = 10, format_penalty: float = -0.1, size: int = 4,
-                 p_frozen: float = 0.9, min_path_len: int = 1):
+                 p_frozen: float = 0.9, min_path_len: int = 1, scratchpad: str = "path"):
         super().__init__(slip=slip, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
                          max_actions=max_actions, format_penalty=format_penalty)
         if not 0.0 <= slip <= 1.0:
@@ -47,7 +47,10 @@ class FrozenLakeEnv(TextEnv):
             raise ValueError(f"size must be >= 2, got {size}")
         if not 0.0 < p_frozen <= 1.0:
             raise ValueError(f"p_frozen must be in (0, 1], got {p_frozen}")
+        if scratchpad not in ("path", "scan"):
+            raise ValueError(f"scratchpad must be 'path' or 'scan', got {scratchpad!r}")
         self.size, self.p_frozen, self.min_path_len = size, p_frozen, min_path_len
+        self.scratchpad = scratchpad
         self._fixed: list[str] | None = None  # set by from_grid: reset() then reuses this board
         self._gym: _GymFrozenLake | None = None
 
@@ -147,17 +150,57 @@ class FrozenLakeEnv(TextEnv):
     # ---- expert ----------------------------------------------------------------------------
 
     def solve(self) -> list[str] | None:
-        """Shortest action list from the current state to the goal (ties: Left, Down, Right, Up)."""
+        """Shortest action list from the current state to the goal. The ``path`` expert takes BFS's
+        path (ties: Left, Down, Right, Up); the ``scan`` expert steps to the first move, in that order,
+        whose cell is one closer to the goal, which is exactly what its reasoning writes down."""
         if self.player in self.holes:
             return None
-        return _bfs(self.rows, self.cols, self.holes, self.player, self.goal)
+        if self.scratchpad == "path":
+            return _bfs(self.rows, self.cols, self.holes, self.player, self.goal)
+        dist = self._distances()
+        if self.player not in dist:
+            return None
+        plan, pos = [], self.player
+        while pos != self.goal:
+            action = next(a for a in ACTIONS if dist.get(_move(self.rows, self.cols, pos, a)) == dist[pos] - 1)
+            plan.append(action)
+            pos = _move(self.rows, self.cols, pos, action)
+        return plan
 
     def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
         here = f"Player: {_fmt([self.player])}. Goal: {_fmt([self.goal])}."
         if plan is None:
             return f"{here} No safe path found. Next: {next_actions}."
+        if self.scratchpad == "scan":
+            return f"{self._scan(plan[:next_actions.count('||') + 1])} Next: {next_actions}."
         path = " ".join(_fmt([cell]) for cell in self._cells(plan)) or "done"
         return f"{here} Path: {path}. Next: {next_actions}."
+
+    def _scan(self, actions: list[str]) -> str:
+        # One local comparison per move (neighbour cell, hole or not, distance): a tiny model can
+        # write each piece down, but has to do all of them at once to answer without it.
+        dist, parts, pos = self._distances(), [], self.player
+        for action in actions:
+            moves = []
+            for a in ACTIONS:
+                nxt = _move(self.rows, self.cols, pos, a)
+                if nxt != pos:
+                    moves.append(f"{a} {_fmt([nxt])} {'hole' if nxt in self.holes else f'd{dist[nxt]}'}")
+            parts.append(f"At {_fmt([pos])}: {', '.join(moves)}.")
+            pos = _move(self.rows, self.cols, pos, action)
+        return " ".join(parts)
+
+    def _distances(self) -> dict[Pos, int]:
+        """Moves from each safe cell to the goal on the noiseless lake (unreachable cells absent)."""
+        dist, queue = {self.goal: 0}, deque([self.goal])
+        while queue:
+            pos = queue.popleft()
+            for action in ACTIONS:
+                nxt = _move(self.rows, self.cols, pos, action)
+                if nxt not in dist and nxt not in self.holes:
+                    dist[nxt] = dist[pos] + 1
+                    queue.append(nxt)
+        return dist
 
     def _cells(self, plan: list[str]) -> list[Pos]:
         cells, (r, c) = [], self.player

@@ -19,8 +19,9 @@ from ragen2_core.report.collect import Sweep, Trial, axis_value
 
 SUCCESS = "eval/success"
 SIDE_METRICS = ("collapse/mi", "actor/entropy", "filter/kept_ratio")
-CURVE_METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "actor/entropy", "filter/kept_ratio")
-PREDICTORS = ("collapse/mi_zscore", "collapse/mi", "actor/entropy")
+CURVE_METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "actor/entropy", "rollout/template_frac",
+                 "rollout/think_tokens", "filter/kept_ratio")
+PREDICTORS = ("collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi", "actor/entropy", "rollout/template_frac")
 MIN_N = 3  # cells with fewer seeds are flagged inconclusive
 ALPHA = 0.05
 

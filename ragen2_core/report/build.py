@@ -1,7 +1,7 @@
 """Build the comparative PDF report of one sweep, with its tables as CSV and JSON beside it.
 
     ragen2 report --experiment kl_vs_filter [--tracking-uri URI] [--out reports/out/kl_vs_filter.pdf]
-                  [--baseline nofilter] [--include-running]
+                  [--baseline nofilter] [--include-running] [--png-dir docs/figures]
     python reports/build.py --experiment kl_vs_filter                  # the same
 
     from ragen2_core.report.build import build_report, build
@@ -162,8 +162,10 @@ def trial_rows(sweep: Sweep) -> list[dict]:
 # ----------------------------------------------------------------------------- the build
 
 def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Optional[str] = None,
-          include_running: bool = False) -> tuple[Path, dict]:
-    """Collect, analyse, draw; returns the PDF path and the summary written beside it as JSON."""
+          include_running: bool = False, png_dir: str | Path | None = None) -> tuple[Path, dict]:
+    """Collect, analyse, draw; returns the PDF path and the summary written beside it as JSON.
+    With ``png_dir`` every page is also saved there as a small PNG (``<experiment>-pNN.png``), for
+    documents that show a report's figures."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     sweep = collect(tracking_uri, experiment)
     if baseline is None and "nofilter" in sweep.arms:
@@ -184,6 +186,8 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
             for fig in pages:
                 pdf.savefig(fig)
     os.replace(tmp, out)
+    if png_dir is not None:
+        save_pngs(pages, Path(png_dir), experiment)
     stem = out.with_suffix("")
     tables = {"table": result["table"], "comparisons": result["comparisons"], "cost": result["cost"],
               "predictors": [{k: v for k, v in r.items() if k != "points"} for r in result["predictors"]],
@@ -195,6 +199,15 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
                       "iqm": result["robust"]["iqm"], "probability_of_improvement": result["robust"]["poi"]})
     write_text_atomic(Path(f"{stem}.json"), json.dumps(summary, indent=1, allow_nan=False))
     return out, summary
+
+
+def save_pngs(pages, png_dir: Path, experiment: str, dpi: int = 60) -> None:
+    png_dir.mkdir(parents=True, exist_ok=True)
+    for i, fig in enumerate(pages, 1):
+        final = png_dir / f"{experiment}-p{i:02d}.png"
+        tmp = final.with_name(f".tmp-{final.name}")
+        fig.savefig(tmp, dpi=dpi, format="png")
+        os.replace(tmp, final)
 
 
 def build_report(tracking_uri: str, experiment: str, out_path: str | Path) -> Path:
@@ -209,6 +222,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--out", help="PDF path (default: reports/out/<experiment>.pdf)")
     parser.add_argument("--baseline", help="arm every other arm is compared with (default: nofilter, if present)")
+    parser.add_argument("--png-dir", help="also save every page as a small PNG in this folder")
     parser.add_argument("--include-running", action="store_true",
                         help="count running trials with their latest values (marked provisional)")
 
@@ -222,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     uri = args.tracking_uri or default_tracking_uri()
     out = args.out or f"reports/out/{args.experiment}.pdf"
     try:
-        pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running)
+        pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running, args.png_dir)
     except (UnknownExperiment, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

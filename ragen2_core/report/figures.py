@@ -18,7 +18,8 @@ from ragen2_core.report.collect import Sweep
 A4 = (11.69, 8.27)
 ROWS_PER_PAGE = 20
 UNITS = {"eval/success": "fraction of validation episodes", "collapse/mi": "nats", "collapse/mi_zscore": "z",
-         "collapse/mi_zscore_ema": "z", "actor/entropy": "nats per token", "filter/kept_ratio": "fraction of groups",
+         "collapse/mi_zscore_ema": "z", "actor/entropy": "nats per token",
+         "rollout/template_frac": "fraction of turns", "rollout/think_tokens": "tokens per turn", "filter/kept_ratio": "fraction of groups",
          "cost/cum_rollout_tokens": "tokens", "cost/cum_wall_s": "s"}
 f, fci, fp, DASH = stats.fmt, stats.fmt_ci, stats.fmt_p, stats.DASH
 
@@ -255,13 +256,13 @@ def predictor_pages(result: dict, arms: list[str]) -> list[Figure]:
                "Spearman rank correlation across trials, 95 % paired bootstrap interval; x = each trial's "
                "last measured value, y = its final eval/success")
     axes = fig.subplots(1, len(rows))
-    fig.subplots_adjust(top=0.62, bottom=0.1, wspace=0.3)
+    fig.subplots_adjust(top=0.62, bottom=0.12, wspace=0.45)
     for ax, r in zip(np.atleast_1d(axes), rows):
         for arm in arms:
             pts = [(x, y) for x, y, a in r["points"] if a == arm]
             if pts:
                 ax.scatter(*zip(*pts), color=col[arm], label=f"{arm} ({len(pts)} trials)", s=18)
-        ax.set_xlabel(f"last {r['predictor']} ({UNITS.get(r['predictor'], '')})", fontsize=8)
+        ax.set_xlabel(f"last {r['predictor']}\n({UNITS.get(r['predictor'], '')})", fontsize=7)
         ax.set_ylabel(f"final {SUCCESS} (fraction)", fontsize=8)
         rho = fci(stats.Estimate(r["rho"], r["low"], r["high"], r["n"], ""))
         ax.set_title(f"rho = {rho}\n(n={r['n']} trials)", fontsize=8)

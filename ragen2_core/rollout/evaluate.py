@@ -20,17 +20,33 @@ def val_seeds(env_cfg) -> list[int]:
     return list(range(env_cfg.val_seed_start, env_cfg.val_seed_start + env_cfg.val_seeds))
 
 
-def batch_stats(batch: RolloutBatch) -> dict[str, float]:
+def think_text(response: str) -> str:
+    """The reasoning of one reply text (``<think>...</think>...``), stripped."""
+    return response.removeprefix("<think>").split("</think>", 1)[0].strip()
+
+
+def batch_stats(batch: RolloutBatch, template: str | None = None) -> dict[str, float]:
+    """Mean stats of a batch. With the env's ``template`` reasoning sentence it adds the share of turns
+    that reason with exactly that sentence, and success split by the first turn's style: a direct,
+    ground-truth view of template collapse that the MI proxy estimates without knowing the template."""
     n = len(batch)
     turns = sum(batch.n_turns)
     think = [e - s for spans in batch.think_spans for s, e in spans]
-    return {
+    stats = {
         "success": sum(batch.success) / n,
         "reward_mean": sum(batch.episode_reward) / n,
         "format_valid": sum(batch.n_valid_turns) / max(turns, 1),
         "turns": turns / n,
         "think_tokens": sum(think) / max(len(think), 1),
     }
+    if template is not None:
+        is_tpl = [[think_text(r) == template for r in rs] for rs in batch.responses]
+        first = [(t[0], ok) for t, ok in zip(is_tpl, batch.success) if t]
+        stats["template_frac"] = sum(map(sum, is_tpl)) / max(sum(map(len, is_tpl)), 1)
+        for style, want in (("template", True), ("grounded", False)):
+            wins = [ok for t, ok in first if t == want]
+            stats[f"success_{style}"] = sum(wins) / len(wins) if wins else float("nan")
+    return stats
 
 
 def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[int],
@@ -43,7 +59,7 @@ def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[i
         parts.append(rollout(model, tokenizer, make_env, env_seeds=s, dynamics_seeds=s,
                              group_ids=list(range(i, i + len(s))), sampling=sampling, generator=gen))
     batch = RolloutBatch(**{k: [x for p in parts for x in getattr(p, k)] for k in parts[0].__dict__})
-    return batch_stats(batch), batch
+    return batch_stats(batch, make_env().template_think), batch
 
 
 def random_baseline(make_env: Callable[[], TextEnv], *, seeds: list[int], seed: int = 0) -> dict:

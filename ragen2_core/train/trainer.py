@@ -98,6 +98,7 @@ def run(cfg, sink) -> dict:
 
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
+    template = make_env().template_think
     reference = FrozenModel(copy.deepcopy(model)) if algo.kl_coef > 0 else None
     n_rows = rcfg.n_groups * rcfg.group_size
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
@@ -111,8 +112,8 @@ def run(cfg, sink) -> dict:
     sampling = SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p, top_k=rcfg.top_k,
                               max_new_tokens=rcfg.max_new_tokens,
                               max_context_tokens=rcfg.max_context_tokens)
-    eval_sampling = SamplingParams(greedy=True, max_new_tokens=rcfg.max_new_tokens,
-                                   max_context_tokens=rcfg.max_context_tokens)
+    eval_sampling = sampling if not cfg.train.eval_greedy else SamplingParams(
+        greedy=True, max_new_tokens=rcfg.max_new_tokens, max_context_tokens=rcfg.max_context_tokens)
     sched = fcfg.schedule
     keep_start = fcfg.value if sched.start is None else sched.start
     monitor = StopMonitor(cfg.stops)
@@ -154,7 +155,7 @@ def run(cfg, sink) -> dict:
         group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
         spread = group_reward_stats(group_rewards, statistic="std")   # [G] in-group reward std
         rollout_tokens = sum(map(sum, batch.response_mask))
-        metrics = rollout_metrics(batch, spread, rollout_tokens)
+        metrics = rollout_metrics(batch, spread, rollout_tokens, template)
         metrics["time/rollout_s"] = rollout_s
         metrics["perf/tokens_per_s"] = rollout_tokens / max(rollout_s, 1e-9)
 
@@ -260,9 +261,11 @@ def run(cfg, sink) -> dict:
     return result
 
 
-def rollout_metrics(batch: RolloutBatch, spread: torch.Tensor, rollout_tokens: int) -> dict[str, float]:
-    """`rollout/*` of the batch; `spread` [G] is the in-group reward std, `rollout_tokens` all reply tokens."""
-    stats = batch_stats(batch)
+def rollout_metrics(batch: RolloutBatch, spread: torch.Tensor, rollout_tokens: int,
+                    template: str) -> dict[str, float]:
+    """`rollout/*` of the batch; `spread` [G] is the in-group reward std, `rollout_tokens` all reply
+    tokens, `template` the env's input-independent reasoning sentence."""
+    stats = batch_stats(batch, template)
     return {f"rollout/{k}": v for k, v in stats.items()} | {
         "rollout/group_reward_std": float(spread.mean()),
         "rollout/frac_zero_std_groups": float((spread <= 1e-8).float().mean()),

@@ -12,7 +12,7 @@ from scipy import stats as sps
 from sweep_fixture import EXPERIMENT, FINAL, write_sweep
 from ragen2_core.report.build import build, main
 
-PAGES = 13  # title, main table, 5 learning-curve metrics, 1 dose axis, comparison, predictors, examples, cost, robust
+PAGES = 15  # title, main table, 7 learning-curve metrics, 1 dose axis, comparison, predictors, examples, cost, robust
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -118,3 +118,12 @@ def test_script_entry_point(full, tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "reports" / "build.py"), "--experiment", "nope",
                            "--tracking-uri", uri], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and EXPERIMENT in done.stderr
+
+
+def test_png_pages_for_documents(tmp_path):
+    uri = write_sweep(tmp_path)
+    build(uri, EXPERIMENT, tmp_path / "r.pdf", png_dir=tmp_path / "png")
+    pngs = sorted((tmp_path / "png").glob("*.png"))
+    assert [p.name for p in pngs] == [f"{EXPERIMENT}-p{i:02d}.png" for i in range(1, PAGES + 1)]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert not list((tmp_path / "png").glob(".tmp-*"))

@@ -203,3 +203,34 @@ def test_system_prompt_is_short_and_uses_the_real_budget():
     assert 60 <= len(calm.split()) <= 90 and len(slippery.split()) <= 90
     assert "up to 7 actions in total, at most 3 per turn" in FrozenLakeEnv(
         max_actions=7, max_actions_per_turn=3).system_prompt().lower()
+
+
+def test_scan_expert_writes_each_moves_cell_and_distance():
+    # Distances to G (3, 2) avoiding holes (1, 1), (2, 3), by hand: (0, 0) 5, (0, 1) 4, (0, 2) 3,
+    # (0, 3) 4, (1, 2) 2. From (0, 1) Up hits the border (listed nowhere); the only cell one closer
+    # is (0, 2), so Right; from (0, 2) it is (1, 2), so Down.
+    env = FrozenLakeEnv.from_grid(BOARD, scratchpad="scan")
+    turn = env.expert_turn("grounded")
+    assert turn.think == ("At (0, 1): Left (0, 0) d5, Down (1, 1) hole, Right (0, 2) d3. "
+                          "At (0, 2): Left (0, 1) d4, Down (1, 2) d2, Right (0, 3) d4. "
+                          "Next: Right || Down.")
+    assert turn.actions == ["Right", "Down"]
+    assert env.expert_turn("template").actions == ["Right", "Down"]
+
+
+def test_scan_expert_is_as_short_as_bfs_and_always_solves():
+    scan, path = FrozenLakeEnv(scratchpad="scan"), FrozenLakeEnv()
+    for seed in range(100):
+        scan.reset(seed)
+        path.reset(seed)
+        assert len(scan.solve()) == len(path.solve()), seed
+        while True:
+            result = scan.step(expert_reply(scan))
+            if result.done:
+                break
+        assert result.success, seed
+
+
+def test_scratchpad_must_be_known():
+    with pytest.raises(ValueError, match="scratchpad"):
+        FrozenLakeEnv(scratchpad="essay")

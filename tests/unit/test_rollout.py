@@ -2,6 +2,8 @@
 
 A random-init tiny Qwen2 is enough here: the engine must be right whatever the policy says.
 """
+import math
+
 import pytest
 import torch
 
@@ -102,3 +104,26 @@ def test_context_limit_truncates(policy):
     n_first = len(tok.encode(first_chunk(make_fl().system_prompt(), make_fl().reset(0), 10, 12)))
     batch = play(policy, [0, 1], max_context_tokens=n_first + 12)
     assert all(batch.truncated) and all(t == 1 for t in batch.n_turns)
+
+
+def test_batch_stats_counts_template_turns_and_splits_success_by_first_style():
+    from ragen2_core.rollout.evaluate import batch_stats
+    from ragen2_core.types import RolloutBatch
+    T = "Let me think."
+    responses = [[f"<think>{T}</think><answer>Up</answer>", "<think>At (0, 1): Up</think><answer>Up</answer>"],
+                 [f"<think> {T} </think><answer>Up</answer>"],
+                 ["<think>At (2, 2): Left</think><answer>Left</answer>"]]
+    n = len(responses)
+    batch = RolloutBatch(token_ids=[[1]] * n, response_mask=[[1]] * n, token_rewards=[[0.0]] * n,
+                         episode_reward=[1.0, 0.0, 1.0], success=[True, False, True], group_ids=[0, 1, 2],
+                         env_seeds=[0, 1, 2], n_turns=[2, 1, 1], n_valid_turns=[2, 1, 1],
+                         think_spans=[[(0, 1)] * len(r) for r in responses], prompt_len=[1] * n,
+                         responses=responses)
+    stats = batch_stats(batch, T)
+    # Template turns: episode 0 turn 1 and episode 1 (spaces stripped): 2 of 4 turns. By first turn,
+    # episodes 0 (won) and 1 (lost) are template, episode 2 (won) grounded.
+    assert stats["template_frac"] == 0.5
+    assert stats["success_template"] == 0.5 and stats["success_grounded"] == 1.0
+    assert "template_frac" not in batch_stats(batch)
+    only_grounded = batch_stats(batch, "a sentence nobody wrote")
+    assert only_grounded["template_frac"] == 0.0 and math.isnan(only_grounded["success_template"])
