@@ -5,6 +5,8 @@ Run on the whole rollout batch (before the filter), at the current parameters, w
 in-group reward spread. Gradients are taken with `torch.autograd.grad` on the bare module, so the
 optimizer's accumulated gradients are untouched. The loss of a row set is rebuilt from micro-batches
 weighted by their share of rows, which is exact for per-sequence aggregation and close otherwise.
+The spread bands partition the batch, so the whole batch's components are their weighted sum: each
+row is differentiated once per component.
 
 KL placed `in_reward` acts through the advantages, so it is part of the task component there and
 the KL component is 0; likewise a zero coefficient gives a zero component (the work is skipped).
@@ -26,37 +28,55 @@ def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, mic
 
     `prep` is the trainer's prepared batch: input_ids, attention_mask, mask [B, T-1], advantages,
     ref_logp (or None), lengths [B], prefix_len and groups ([B] each, or None)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    coef = {"task": 1.0,
+    return [decomposition_stats(accumulate(model, prep, rows, algo=algo, micro=micro)) if len(rows) else None
+            for rows in row_sets]
+
+
+def coefficients(prep: dict, algo) -> dict[str, float]:
+    return {"task": 1.0,
             "kl": algo.kl_coef if prep["ref_logp"] is not None and algo.kl_placement == "in_loss" else 0.0,
             "entropy": -algo.entropy_coef}
+
+
+def accumulate(model, prep: dict, rows: torch.Tensor, *, algo, micro: int) -> dict[str, list[torch.Tensor] | None]:
+    """Each component's gradient (times its coefficient) over ``rows``, micro-batch by micro-batch,
+    each weighted by its share of the rows; None for a component that is switched off."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    coef = coefficients(prep, algo)
     active = [c for c, w in coef.items() if w]
-    out = []
-    for rows in row_sets:
-        if len(rows) == 0:
-            out.append(None)
-            continue
-        acc = {c: [torch.zeros_like(p) for p in params] for c in active}
-        groups, prefix = prep["groups"], prep["prefix_len"]
-        rows = rows[micro_batch_order(prep["lengths"][rows], None if groups is None else groups[rows])]
-        for mb in torch.split(rows, micro):
-            L = int(prep["lengths"][mb].max())
-            ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
-            logits, start = forward_window(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
-            # per-token tensors cut to the rows and moved into the logits' window
-            cut = lambda x: None if x is None else window(x[mb, :L - 1], start, logits.shape[1])  # noqa: E731
-            terms = actor_loss_terms(logits, window(ids[:, 1:], start, logits.shape[1]), cut(prep["mask"]), None,
-                                     cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
-                                     clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
-            share = len(mb) / len(rows)
-            component = {"task": terms["pg"], "kl": terms["kl"], "entropy": terms["entropy"]}
-            for i, c in enumerate(active):
-                grads = torch.autograd.grad(coef[c] * share * component[c], params,
-                                            retain_graph=i < len(active) - 1, allow_unused=True)
-                for a, g in zip(acc[c], grads):
-                    if g is not None:
-                        a.add_(g)
-        out.append(decomposition_stats({c: acc.get(c) for c in coef}))
+    acc = {c: [torch.zeros_like(p) for p in params] for c in active}
+    groups, prefix = prep["groups"], prep["prefix_len"]
+    rows = rows[micro_batch_order(prep["lengths"][rows], None if groups is None else groups[rows])]
+    for mb in torch.split(rows, micro):
+        L = int(prep["lengths"][mb].max())
+        ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
+        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
+        # per-token tensors cut to the rows and moved into the logits' window
+        cut = lambda x: None if x is None else window(x[mb, :L - 1], start, logits.shape[1])  # noqa: E731
+        terms = actor_loss_terms(logits, window(ids[:, 1:], start, logits.shape[1]), cut(prep["mask"]), None,
+                                 cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
+                                 clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
+        share = len(mb) / len(rows)
+        component = {"task": terms["pg"], "kl": terms["kl"], "entropy": terms["entropy"]}
+        for i, c in enumerate(active):
+            grads = torch.autograd.grad(coef[c] * share * component[c], params,
+                                        retain_graph=i < len(active) - 1, allow_unused=True)
+            for a, g in zip(acc[c], grads):
+                if g is not None:
+                    a.add_(g)
+    return {c: acc.get(c) for c in coef}
+
+
+def combine(parts: list[tuple[int, dict]]) -> dict[str, list[torch.Tensor] | None]:
+    """The whole batch's components from those of a partition of its rows, [(n_rows, acc), ...]:
+    the row-share-weighted sum, so the batch needs no pass of its own. Exact when the loss is a
+    mean over sequences (seq-mean-*), close for a token mean (micro-batches then weigh rows by
+    their share, not their tokens, in either computation)."""
+    total = sum(n for n, _ in parts)
+    out = {}
+    for c, first in parts[0][1].items():
+        out[c] = None if first is None else [sum(n / total * acc[c][i] for n, acc in parts)
+                                             for i in range(len(first))]
     return out
 
 
@@ -67,7 +87,14 @@ def probe_batch(model, prep: dict, group_ids: list[int], spread: torch.Tensor, *
     bucket_of_row = spread_buckets(spread, n_buckets=cfg.grad_probe.buckets)[group_of_row]
     n_buckets = cfg.grad_probe.buckets if cfg.grad_probe.buckets > 1 else 0
     row_sets = [torch.arange(len(group_ids))] + [torch.nonzero(bucket_of_row == b).flatten() for b in range(n_buckets)]
-    stats = gradient_probe(model, prep, [r.to(prep["lengths"].device) for r in row_sets], algo=cfg.algo, micro=micro)
+    row_sets = [r.to(prep["lengths"].device) for r in row_sets]
+    if n_buckets:
+        # The buckets partition the batch: its components are their weighted sum (one pass, not two).
+        accs = [accumulate(model, prep, r, algo=cfg.algo, micro=micro) if len(r) else None for r in row_sets[1:]]
+        whole = combine([(len(r), a) for r, a in zip(row_sets[1:], accs) if a is not None])
+        stats = [decomposition_stats(whole)] + [None if a is None else decomposition_stats(a) for a in accs]
+    else:
+        stats = gradient_probe(model, prep, row_sets[:1], algo=cfg.algo, micro=micro)
     out = {f"actor/{k}": v for k, v in stats[0].items()}
     for b, st in enumerate(stats[1:]):
         rows = row_sets[b + 1]

@@ -71,6 +71,22 @@ def test_gradient_probe_components_and_buckets(tmp_path, cache):
     assert m["time/grad_probe_s"] > 0
 
 
+def test_whole_batch_probe_equals_the_weighted_sum_of_its_buckets(tmp_path, cache):
+    # buckets=2 derives the whole batch's components from the two buckets' (one pass over the rows);
+    # buckets=1 computes them directly. Same seed, same first step: the same parameters and batch,
+    # and the default loss is a mean over sequences, so the two must agree. GAE advantages are
+    # non-zero even where a tiny group's rewards tie, so the task component is never empty.
+    common = ("train.steps=1", "collapse.every=0", "grad_probe.every=1", "algo.entropy_coef=0.01",
+              "algo.advantage=gae")
+    direct, _ = train(tmp_path / "direct", cache, *common, "grad_probe.buckets=1")
+    derived, _ = train(tmp_path / "derived", cache, *common, "grad_probe.buckets=2")
+    a, b = direct.metrics[0][1], derived.metrics[0][1]
+    assert "grad_probe/b1/grad_norm_task" in b and "grad_probe/b0/grad_norm_task" not in a
+    assert a["actor/grad_norm_task"] > 0
+    for k in ("grad_norm_task", "grad_norm_entropy", "grad_norm_reg", "reg_to_task_grad_ratio"):
+        assert b[f"actor/{k}"] == pytest.approx(a[f"actor/{k}"], rel=1e-4), k
+
+
 def test_cost_accounting_adds_up(tmp_path, cache):
     sink, _ = train(tmp_path, cache, "train.steps=2", "collapse.every=0", "filter.strategy=top_k_abs", "filter.value=1")
     cum = 0
