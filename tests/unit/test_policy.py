@@ -1,4 +1,6 @@
 """Embedded tokenizer and policy: round trips, HF save/load, warm-start cache."""
+import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -105,3 +107,18 @@ def test_expert_traces_mix_grounded_and_template():
     fixed = env.expert_turn("template").think
     n_template = sum(ep[0][1].startswith(fixed) for ep in episodes)
     assert 70 <= n_template <= 130  # Binomial(200, 0.5): mean 100, sd ~7
+
+
+def test_scratchpad_enters_the_cache_key_only_when_it_changes_the_traces():
+    base = load_config(None)
+    path_key = warmstart.cache_key(base.policy, base.warmstart, base.env)
+    # The default's key as it was before the field existed (policies cached then stay valid).
+    shape = {"version": warmstart.FORMAT_VERSION, "policy": dataclasses.asdict(base.policy),
+             "warmstart": dataclasses.asdict(base.warmstart),
+             "env": {k: v for k, v in dataclasses.asdict(base.env).items()
+                     if k not in ("name", "slip", "val_seeds", "val_seed_start", "math", "code")}}
+    del shape["policy"]["cache_dir"], shape["policy"]["model"], shape["env"]["frozenlake"]["scratchpad"]
+    old = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+    assert path_key == old
+    base.env.frozenlake.scratchpad = "scan"
+    assert warmstart.cache_key(base.policy, base.warmstart, base.env) != path_key
