@@ -19,12 +19,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report import stats  # noqa: E402
-from ragen2_core.report.analysis import SUCCESS, usable  # noqa: E402
+from ragen2_core.report.analysis import SUCCESS, predictors_of, usable  # noqa: E402
 from ragen2_core.report.collect import collect  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "actor/entropy", "rollout/template_frac", "rollout/think_tokens")
-PREDICTORS = ("collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi", "actor/entropy", "rollout/template_frac")
 
 
 def change(trial, metric: str):
@@ -57,11 +56,9 @@ def pooled_predictors(sweeps) -> list[str]:
     trials = [t for s in sweeps for t in s.trials if usable(t, False)]
     lines = ["| predictor (last value) | Spearman rho with final success [95% CI] | p | n trials |",
              "| --- | --- | --- | --- |"]
-    for m in PREDICTORS:
-        pts = [(t.final(m), t.final(SUCCESS)) for t in trials if t.final(m) is not None]
-        r = stats.spearman_ci([p[0] for p in pts], [p[1] for p in pts])
+    for r in predictors_of(trials):
         est = stats.Estimate(r["rho"], r["low"], r["high"], r["n"], "")
-        lines.append(f"| `{m}` | {stats.fmt_ci(est)} | {stats.fmt_p(r['p'])} | {r['n']} |")
+        lines.append(f"| `{r['predictor']}` | {stats.fmt_ci(est)} | {stats.fmt_p(r['p'])} | {r['n']} |")
     return lines
 
 

@@ -118,7 +118,12 @@ def comparisons(sweep: Sweep, baseline: Optional[str], include_running: bool) ->
 # ----------------------------------------------------------------------------- predictors of success
 
 def predictors(sweep: Sweep, include_running: bool) -> list[dict]:
-    trials = [t for t in sweep.trials if usable(t, include_running)]
+    return predictors_of([t for t in sweep.trials if usable(t, include_running)])
+
+
+def predictors_of(trials: list[Trial]) -> list[dict]:
+    """Spearman rho of each predictor's last value with final success over ``trials`` (any mix of
+    sweeps: reports/study.py pools several)."""
     rows = []
     for m in PREDICTORS:
         pts = [(t.final(m), t.final(SUCCESS), t.arm) for t in trials if t.final(m) is not None]
