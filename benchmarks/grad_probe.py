@@ -16,13 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from types import SimpleNamespace
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from ragen2_core.algo.objective import Objective
 from ragen2_core.metrics.gradients import decomposition_stats
 from ragen2_core.train.grad_probe import accumulate, combine, gradient_probe
+from ragen2_core.types import PreparedBatch
 
 
 def batch(rows: int, length: int, reply: int, vocab: int, seed: int = 0) -> dict:
@@ -34,8 +35,8 @@ def batch(rows: int, length: int, reply: int, vocab: int, seed: int = 0) -> dict
     for b, n in enumerate(lengths.tolist()):
         mask[b, n - 1 - reply:n - 1] = 1.0
     adv = torch.randn(rows, 1, generator=g).expand(rows, length - 1) * mask
-    return {"input_ids": ids * attn, "attention_mask": attn, "mask": mask, "advantages": adv.contiguous(),
-            "ref_logp": None, "lengths": lengths, "prefix_len": None, "groups": None}
+    return PreparedBatch(input_ids=ids * attn, attention_mask=attn, mask=mask, advantages=adv.contiguous(),
+                         lengths=lengths)
 
 
 def main() -> None:
@@ -50,17 +51,17 @@ def main() -> None:
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=600, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                                          num_key_value_heads=2, intermediate_size=384, tie_word_embeddings=True))
     prep = batch(args.rows, args.length, reply=60, vocab=600)
-    algo = SimpleNamespace(kl_coef=0.0, kl_placement="in_loss", entropy_coef=0.001, clip_low=0.2, clip_high=0.28,
-                           loss_agg="seq-mean-token-mean", kl_estimator="k3")
+    obj = Objective(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, agg="seq-mean-token-mean", norm_len=None,
+                    entropy_coef=0.001, kl_coef=0.0, kl_estimator="k3", kl_placement="in_loss")
     rows = torch.arange(args.rows)
     bands = [rows[: args.rows // 2], rows[args.rows // 2:]]
     times = {"separate": [], "derived": []}
     for _ in range(args.repeats):
         t0 = time.perf_counter()
-        separate = gradient_probe(model, prep, [rows, *bands], algo=algo, micro=16)
+        separate = gradient_probe(model, prep, [rows, *bands], objective=obj, micro=16)
         times["separate"].append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        accs = [accumulate(model, prep, b, algo=algo, micro=16) for b in bands]
+        accs = [accumulate(model, prep, b, objective=obj, micro=16) for b in bands]
         derived = decomposition_stats(combine([(len(b), a) for b, a in zip(bands, accs)]))
         times["derived"].append(time.perf_counter() - t0)
     diff = max(abs(derived[k] - separate[0][k]) / max(abs(separate[0][k]), 1e-12)

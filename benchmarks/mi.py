@@ -89,7 +89,7 @@ def main() -> None:
         return collapse_metrics(scores, lengths=lengths, n_perm=cc.n_perm, seed=0)
     collapse_s, mi = timed(diagnostic, args.repeats)
     print(f"  collapse: {collapse_s:7.3f} s  (score_batch + collapse_metrics; mi {mi['mi']:.3f}, "
-          f"z {mi['mi_zscore']:.2f}, retrieval {mi['retrieval_acc']:.2f})", flush=True)
+          f"z {mi['mi_zscore']:.2f}, permutation z {mi['mi_perm_zscore']:.2f}, retrieval {mi['retrieval_acc']:.2f})", flush=True)
 
     step_s = overhead = None
     every = cc.every or 5

@@ -480,10 +480,19 @@ class AlgoConfig:
     lam: float = opt(1.0, "GAE lambda", ge=0, le=1)
     clip_low: float = opt(0.2, "PPO ratio clip below 1", ge=0)
     clip_high: float = opt(0.28, "PPO ratio clip above 1 (clip-higher)", ge=0)
+    clip_ratio_c: Optional[float] = opt(3.0, "dual-clip PPO: a negative-advantage token's loss is capped at "
+                                        "clip_ratio_c x |A| (veRL's default 3); null = off", gt=1)
+    whiten_advantages: Optional[bool] = opt(None, "whiten the update's advantages over its reply tokens (mean 0, "
+                                            "unbiased variance, as veRL); null = on for gae (the release), off for "
+                                            "grpo/drgrpo (already group-normalised)")
     loss_agg: str = opt("seq-mean-token-mean", "how token losses are aggregated",
                         choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+    loss_norm_len: Optional[int] = opt(None, "seq-mean-token-sum: divide each reply's token sum by this fixed "
+                                       "length, as Dr.GRPO does; null = the episode's reply budget "
+                                       "(env.max_turns x rollout.max_new_tokens)", ge=1)
     kl_coef: float = opt(0.0, "KL penalty weight against the reference policy; 0 = off", ge=0)
-    kl_estimator: str = opt("k3", "KL estimator", choices=["k1", "k2", "k3"])
+    kl_estimator: str = opt("k3", "KL estimator: k3 is veRL's low_var_kl (log-ratio clamped to +-20, value to "
+                            "[-10, 10]); k3_exact is unclamped", choices=["k1", "k2", "k3", "k3_exact"])
     kl_placement: str = opt("in_loss", "apply KL in the loss or subtract it from rewards",
                             choices=["in_loss", "in_reward"])
     entropy_coef: float = opt(0.001, "entropy bonus weight", ge=0)
@@ -498,14 +507,17 @@ class AlgoConfig:
 
 @dataclasses.dataclass
 class FilterScheduleConfig:
-    kind: str = opt("const", "keep-value schedule over training steps", choices=["const", "linear", "cosine", "step", "exp"])
-    start: Optional[float] = opt(None, "value at step 0 (and during warm-up); null = filter.value", ge=0)
-    end: Optional[float] = opt(None, "value at the last step; required unless kind is const", ge=0)
-    warmup_steps: int = opt(0, "steps holding `start` before the schedule moves", ge=0)
+    kind: str = opt("const", "schedule of filter.value over training steps: it starts at filter.value and "
+                    "moves to `end`", choices=["const", "linear", "cosine", "step", "exp"])
+    end: Optional[float] = opt(None, "filter.value at the last step; required unless kind is const", ge=0)
+    warmup_steps: int = opt(0, "steps holding filter.value before the schedule moves", ge=0)
 
     def check(self) -> list[str]:
         if self.kind != "const" and self.end is None:
             return [f"end is null but kind is {self.kind}; set end, e.g. filter.schedule.end=0.6"]
+        if self.kind == "const" and self.end is not None:
+            return [f"end ({self.end}) is set but kind is const; choose a kind (e.g. filter.schedule.kind=linear) "
+                    "or drop end"]
         return []
 
 
@@ -516,7 +528,9 @@ class FilterConfig:
     mode: str = opt("linear", "how group scores become keep weights (top_p only)", choices=["linear", "softmax"])
     statistic: str = opt("std", "per-group reward spread statistic (ddof 1)", choices=["std", "var"])
     include_zero: bool = opt(True, "let zero-spread groups compete for a place (false drops them first)")
-    loss_scale: str = opt("none", "rescale the loss by the kept fraction", choices=["none", "linear", "sqrt"])
+    loss_scale: str = opt("none", "rescale by the kept fraction (linear) or its square root", choices=["none", "linear", "sqrt"])
+    loss_scale_on: str = opt("task", "what loss_scale multiplies: the task term, as the release scales the "
+                             "advantages, or the whole loss with its KL and entropy terms", choices=["task", "loss"])
     soft_reweight: bool = opt(False, "scale each kept group's advantages by its reward std / the batch's max std")
     zero_task_advantage: bool = opt(False, "knock-out control: zero every advantage, so only KL/entropy terms train")
     schedule: FilterScheduleConfig = opt(FilterScheduleConfig, "anneal `value` over training (const = fixed)")
@@ -524,8 +538,7 @@ class FilterConfig:
     def check(self) -> list[str]:
         errs = []
         s = self.schedule
-        for name, v in [("value", self.value)] + ([("schedule.start", s.start), ("schedule.end", s.end)]
-                                                   if s.kind != "const" else []):
+        for name, v in [("value", self.value)] + ([("schedule.end", s.end)] if s.kind != "const" else []):
             if v is None:
                 continue
             if self.strategy == "top_k_abs":
@@ -549,7 +562,8 @@ class CollapseConfig:
     n_prompts: int = opt(8, "prompts (groups) cross-scored: N; capped at rollout.n_groups", ge=2)
     k_samples: int = opt(4, "reasonings per prompt: K; capped at rollout.group_size", ge=1)
     n_perm: int = opt(32, "prompt permutations for the z-score null", ge=2)
-    ema_decay: float = opt(0.9, "decay of collapse/mi_zscore_ema", ge=0, le=1)
+    ema_decay: float = opt(0.9, "decay of the EMAs: the marginal std behind collapse/mi_zscore_ema (the release's) "
+                           "and collapse/mi_perm_zscore_ema", ge=0, le=1)
     trajectory: bool = opt(False, "score every turn's reasoning (concatenated) instead of the first turn's")
     token_budget: int = opt(16384, "rows x tokens per scoring micro-batch (memory bound)", ge=64)
     dump_rollouts: bool = opt(False, "append the scored batch to output_dir/rollouts.jsonl (for `ragen2 mi`)")
@@ -562,7 +576,11 @@ class StopsConfig:
     spread_frac: float = opt(0.1, "reward-spread collapse fires when the last W steps are all below frac x mean of the first W", gt=0, le=1)
     val_floor: float = opt(0.01, "validation success below this counts as a failed validation", ge=0, le=1)
     val_floor_patience: int = opt(5, "stop after this many consecutive failed validations; 0 = off", ge=0)
-    mi_alert_zscore: float = opt(2.0, "template-collapse alert: collapse/mi_zscore_ema below this")
+    mi_alert_metric: str = opt("mi_perm_zscore_ema", "template-collapse alert watches collapse/<this>: the "
+                               "permutation z-score EMA (calibrated: about N(0, 1) without input dependence) or the "
+                               "release's mi_zscore_ema (an effect size; pick its threshold from your own runs)",
+                               choices=["mi_perm_zscore_ema", "mi_zscore_ema"])
+    mi_alert_zscore: float = opt(2.0, "template-collapse alert: the watched z-score below this")
     mi_alert_patience: int = opt(3, "alert after this many consecutive MI measurements below the threshold", ge=1)
     mi_alert_action: str = opt("warn", "what the template-collapse alert does", choices=["off", "warn", "stop"])
 
@@ -618,6 +636,13 @@ class TrainConfig:
         if self.collapse.every and self.rollout.n_groups < 2:
             errs.append(f"collapse.every ({self.collapse.every}) needs rollout.n_groups >= 2 (got "
                         f"{self.rollout.n_groups}): MI compares prompts; raise n_groups or set collapse.every=0")
+        if self.algo.advantage in ("grpo", "drgrpo") and self.rollout.group_size < 2:
+            errs.append(f"algo.advantage={self.algo.advantage} compares rollouts within a group, but rollout.group_size "
+                        f"is {self.rollout.group_size}: every advantage would be 0. Set rollout.group_size >= 2 "
+                        f"(e.g. 8) or use algo.advantage=gae")
+        if self.filter.schedule.warmup_steps > self.train.steps:
+            errs.append(f"filter.schedule.warmup_steps ({self.filter.schedule.warmup_steps}) exceeds train.steps "
+                        f"({self.train.steps}); lower warmup_steps or raise train.steps")
         if self.grad_probe.every and self.train.zero_stage == 3:
             errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
                         "use train.zero_stage <= 2 or set grad_probe.every=0")

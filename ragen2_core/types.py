@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 import torch
 
@@ -57,3 +58,29 @@ class RolloutBatch:
         """The sub-batch of the given rows (used by the SNR filter)."""
         pick = lambda xs: [xs[i] for i in rows] if xs else xs  # noqa: E731
         return RolloutBatch(**{k: pick(v) for k, v in self.__dict__.items()})
+
+
+@dataclass
+class PreparedBatch:
+    """A batch ready for the actor's loss: padded ids and per-token targets.
+
+    ``input_ids`` and ``attention_mask`` are [B, T]; the per-token tensors are [B, T-1] and aligned
+    with the next-token predictions (position t scores token t + 1): ``mask`` marks reply tokens,
+    ``advantages`` the (whitened, reweighted) advantages. ``old_logp`` / ``old_entropy`` are the
+    behaviour policy's (None when the update is on-policy and takes them from its own forward);
+    ``ref_logp`` the reference policy's (None without KL); ``old_values`` / ``returns`` the critic's
+    (None without one). ``lengths`` [B] are the rows' token counts; ``prefix_len`` / ``groups`` [B]
+    let rows of one group share their first prompt's encoding (None when not shared).
+    """
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    mask: torch.Tensor
+    advantages: torch.Tensor
+    lengths: torch.Tensor
+    old_logp: Optional[torch.Tensor] = None
+    old_entropy: Optional[torch.Tensor] = None
+    ref_logp: Optional[torch.Tensor] = None
+    old_values: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None
+    prefix_len: Optional[torch.Tensor] = None
+    groups: Optional[torch.Tensor] = None

@@ -23,7 +23,8 @@ from ragen2_core.report.analysis import SUCCESS, predictors_of, usable  # noqa: 
 from ragen2_core.report.collect import collect  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
-CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "actor/entropy", "rollout/template_frac", "rollout/think_tokens")
+CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore_ema", "actor/entropy",
+           "rollout/template_frac", "rollout/think_tokens")
 
 
 def change(trial, metric: str):

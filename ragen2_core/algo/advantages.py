@@ -8,6 +8,7 @@ Usage:
     adv, ret = gae_advantages(token_rewards, values, response_mask, gamma=1.0, lam=1.0)
     seq_adv = group_advantages(seq_reward, group_ids, norm_by_std=True)   # GRPO
     token_adv = broadcast_to_tokens(seq_adv, response_mask)
+    adv = whiten(adv, response_mask)                  # batch whitening (veRL's masked_whiten)
 """
 from __future__ import annotations
 
@@ -124,3 +125,24 @@ def broadcast_to_tokens(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> t
         [B, T] float, seq_adv[b] on response tokens, 0 elsewhere.
     """
     return seq_adv[:, None] * response_mask.to(seq_adv.dtype)
+
+
+def whiten(x: torch.Tensor, mask: torch.Tensor, *, unbiased: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Shift and scale `x` to mean 0 and variance 1 over the masked entries (veRL's `masked_whiten`).
+
+    Args:
+        x: [B, T] float; mask: [B, T] bool or {0, 1} float.
+        unbiased: variance with Bessel's correction n / (n - 1), as veRL; False = population variance.
+        eps: added to the variance before the square root.
+
+    Returns:
+        [B, T] float, (x - mean) / sqrt(var + eps) on masked entries, 0 elsewhere. With a single
+        masked entry the variance is taken as 0 (veRL raises there), so that entry becomes 0.
+    """
+    w = mask.to(x.dtype)
+    n = w.sum()
+    mean = (x * w).sum() / n.clamp(min=1)
+    var = (((x - mean) * w) ** 2).sum() / n.clamp(min=1)
+    if unbiased and n > 1:
+        var = var * n / (n - 1)
+    return (x - mean) * torch.rsqrt(var + eps) * w

@@ -5,9 +5,13 @@ the same reward has a weak task gradient, while the KL / entropy regularisers pu
 everywhere, so such a group feeds mostly regulariser noise into the update. Ranking groups by reward
 spread and dropping the low ones raises the signal-to-noise ratio of the step.
 
+Selection follows the RAGEN-2 release (`ragen/trainer/rollout_filter.py`) rule for rule, including
+that linear top-p may keep nothing; where ragen2 differs on purpose (zero spread decided exactly) the
+docstrings say so and docs/fidelity.md lists it.
+
 Usage:
     group_keep = select_groups(group_rewards, strategy="top_p", value=0.9, mode="softmax",
-                               statistic="std", include_zero=True)       # [G] bool
+                               statistic="std", include_zero=True)       # [G] bool, may be all False
     scale = loss_scale_factor(group_keep.float().mean().item(), mode="linear")
 """
 from __future__ import annotations
@@ -20,8 +24,17 @@ STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
 TOP_P_MODES = ("linear", "softmax")
 STATISTICS = ("std", "var")
 SCALE_MODES = ("none", "linear", "sqrt")
-# Scores at or below this count as zero spread; also the slack of the min_p comparison.
-ZERO_SCORE_TOL = 1e-8
+# Slack of the min_p comparison, as in the release.
+MIN_P_TOL = 1e-10
+
+
+def zero_spread(group_rewards: torch.Tensor) -> torch.Tensor:
+    """[G, S] -> [G] bool: every reward of the group is exactly equal (always true for S = 1).
+
+    Decided by max == min rather than by a tolerance on the std: float32 rewards such as [0.9] * 8 or
+    [10.7] * 8 have a computed std of 6e-8 or 1e-6, above any sensible tolerance, and would otherwise
+    pass as groups with spread."""
+    return group_rewards.amax(dim=1) == group_rewards.amin(dim=1)
 
 
 def group_reward_stats(group_rewards: torch.Tensor, *, statistic: str) -> torch.Tensor:
@@ -33,45 +46,47 @@ def group_reward_stats(group_rewards: torch.Tensor, *, statistic: str) -> torch.
             option is called "reward_variance"; hence the explicit choice.)
 
     Returns:
-        [G] float score; 0 for groups of size S = 1 (no spread can be measured).
+        [G] float64 score; exactly 0 for zero-spread groups (`zero_spread`), including groups of size
+        S = 1 (no spread can be measured; the release's ddof-1 std would be NaN there).
     """
     if statistic not in STATISTICS:
         raise ValueError(f"group_reward_stats: unknown statistic {statistic!r}; expected one of {STATISTICS}")
     G, S = group_rewards.shape
+    r = group_rewards.detach().double()
     if S < 2:
-        return group_rewards.new_zeros(G)
-    centred = group_rewards - group_rewards.mean(dim=1, keepdim=True)
+        return r.new_zeros(G)
+    centred = r - r.mean(dim=1, keepdim=True)
     group_reward_var = (centred**2).sum(dim=1) / (S - 1)
-    return group_reward_var if statistic == "var" else group_reward_var.sqrt()
+    score = group_reward_var if statistic == "var" else group_reward_var.sqrt()
+    return torch.where(zero_spread(r), torch.zeros_like(score), score)
 
 
 def _n_keep(strategy: str, value: float, mode: str, ranked_scores: torch.Tensor, n_groups: int, eps: float) -> int:
-    """Number of top-ranked candidates to keep (prefix length) for prefix-shaped strategies."""
+    """Number of top-ranked candidates to keep (prefix length) for prefix-shaped strategies; 0 is possible
+    for linear top_p only."""
     n = ranked_scores.numel()
-    if strategy == "top_k":
-        # Fraction of ALL groups, rounded half up (the release truncates; rounding keeps e.g.
-        # value 0.25 of 6 groups at 2 rather than 1).
-        k = math.floor(value * n_groups + 0.5)
-    elif strategy == "top_k_abs":
-        k = int(value)
-    elif value >= 1.0 or float(ranked_scores.sum()) <= ZERO_SCORE_TOL:
-        # top_p = 1 keeps every candidate (zero-spread ones included when include_zero), and an
-        # all-zero candidate set has nothing to rank by.
-        k = n
+    if strategy in ("top_k", "top_k_abs"):
+        # The release truncates: int(value * G), G counting ALL groups, then at least 1.
+        k = int(value * n_groups) if strategy == "top_k" else int(value)
+        return min(max(k, 1), n)
+    if value >= 1.0:
+        return n  # top_p = 1 keeps every candidate (zero-spread ones too when include_zero)
+    if mode == "linear":
+        # Shortest prefix whose cumulative score reaches value * total - eps. When that threshold is
+        # <= 0 (e.g. every group has zero spread) the empty prefix already reaches it: nothing is kept,
+        # which is what the release's "consecutive empty filters" stop counts. Zero scores never
+        # extend a prefix, since the positive ones alone sum to the total.
+        cum = torch.cumsum(ranked_scores, dim=0)
+        threshold = value * float(ranked_scores.sum()) - eps
+        if threshold <= 0:
+            return 0
     else:
-        if mode == "linear":
-            cum = torch.cumsum(ranked_scores, dim=0)
-            threshold = value * float(ranked_scores.sum()) - eps
-        else:
-            # softmax is monotone, so the score order is also the probability order.
-            cum = torch.cumsum(torch.softmax(ranked_scores, dim=0), dim=0)
-            threshold = value - eps
-        # cum is non-decreasing: entries still below the threshold are exactly the prefix that must
-        # be extended by one more group.
-        k = int((cum < threshold).sum()) + 1
-    # A non-empty candidate set always keeps at least its top group: an empty update is a failure
-    # regime, not a filter outcome.
-    return min(max(k, 1), n)
+        # Nucleus over softmax(score): shortest prefix whose probability mass reaches value, no eps
+        # (always >= 1 group). softmax is monotone, so score order is probability order.
+        cum = torch.cumsum(torch.softmax(ranked_scores, dim=0), dim=0)
+        threshold = value
+    # cum is non-decreasing: the entries still below the threshold, plus one, form the prefix.
+    return min(int((cum < threshold).sum()) + 1, n)
 
 
 def select_groups(
@@ -89,45 +104,45 @@ def select_groups(
     Args:
         group_rewards: [G, S] float trajectory rewards, one row per group.
         strategy:
-            "top_p": rank by score (descending, ties by lower index); keep the shortest prefix whose
-                cumulative score reaches value * total score - eps (mode "linear"), or whose cumulative
-                softmax(score) probability reaches value - eps (mode "softmax"). value >= 1 keeps every
-                candidate; an all-zero candidate set is kept whole.
-            "top_k": keep round_half_up(value * G) groups (G counts all groups, not only candidates).
-            "top_k_abs": keep int(value) groups.
-            "min_p": keep groups with score >= value * max score.
-            Prefix strategies keep between 1 and the number of candidates.
+            "top_p": rank by score (descending, ties by lower index); value >= 1 keeps every candidate.
+                mode "linear": the shortest prefix whose cumulative score reaches value * total - eps;
+                nothing when that threshold is <= 0. mode "softmax": the shortest prefix whose
+                cumulative softmax(score) probability reaches value (no eps; at least one group).
+            "top_k": keep int(value * G) groups (truncated; G counts all groups), at least 1.
+            "top_k_abs": keep int(value) groups, at least 1.
+            "min_p": keep groups with score >= value * max score - 1e-10.
         value: the strategy's parameter (>= 0).
         mode: "linear" or "softmax"; used by top_p only.
         statistic: "std" or "var" (ddof = 1), see `group_reward_stats`.
-        include_zero: False removes zero-spread groups (score <= 1e-8) before selection, so they are
-            never kept; True lets them compete (top_p = 1.0 then keeps everything: the "nofilter" arm).
-        eps: absolute tolerance of the top_p threshold.
+        include_zero: False removes zero-spread groups (`zero_spread`: all rewards equal) before
+            selection, so they are never kept; True lets them compete (top_p = 1.0 then keeps
+            everything: the "nofilter" arm).
+        eps: absolute tolerance of the linear top_p threshold.
 
     Returns:
-        [G] bool, True for kept groups, in the original group order.
+        [G] bool, True for kept groups, in the original group order; all False when no group is kept.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"select_groups: unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     if mode not in TOP_P_MODES:
         raise ValueError(f"select_groups: unknown mode {mode!r}; expected one of {TOP_P_MODES}")
-    if value < 0:
+    if not value >= 0:  # also rejects NaN
         raise ValueError(f"select_groups: value must be >= 0, got {value}")
     # float64 so cumulative sums compare cleanly against the threshold.
-    group_score = group_reward_stats(group_rewards, statistic=statistic).detach().double()
+    group_score = group_reward_stats(group_rewards, statistic=statistic)
     n_groups = group_score.numel()
     group_keep = torch.zeros(n_groups, dtype=torch.bool, device=group_rewards.device)
 
     candidates = torch.arange(n_groups, device=group_rewards.device)
     if not include_zero:
-        candidates = candidates[group_score > ZERO_SCORE_TOL]
+        candidates = candidates[group_score > 0]
     if candidates.numel() == 0:
         return group_keep
 
     candidate_score = group_score[candidates]
     if strategy == "min_p":
         threshold = value * float(candidate_score.max())
-        group_keep[candidates[candidate_score >= threshold - ZERO_SCORE_TOL]] = True
+        group_keep[candidates[candidate_score >= threshold - MIN_P_TOL]] = True
         return group_keep
 
     order = torch.sort(candidate_score, descending=True, stable=True).indices
@@ -137,7 +152,7 @@ def select_groups(
 
 
 def loss_scale_factor(kept_ratio: float, *, mode: str) -> float:
-    """Multiplier for the loss after filtering.
+    """Multiplier for the task term after filtering (or the whole loss: the objective decides where).
 
     The loss is averaged over the kept tokens only, so dropping groups leaves the per-token gradient
     scale unchanged while each step now rests on fewer samples: the effective learning rate per
@@ -164,7 +179,7 @@ def soft_group_weights(group_rewards: torch.Tensor, *, statistic: str = "std") -
 
     weight_g = score_g / max_h score_h, in [0, 1] (the highest-spread group keeps full weight, a
     zero-spread group gets 0). When every group has zero spread there is nothing to rank by and all
-    weights are 1.
+    weights are 1. (The release divides by max + 1e-6 and so gives all-zero weights there.)
 
     Args:
         group_rewards: [G, S] float. statistic: "std" or "var" (ddof 1).
@@ -172,8 +187,8 @@ def soft_group_weights(group_rewards: torch.Tensor, *, statistic: str = "std") -
     Returns:
         [G] float weights.
     """
-    score = group_reward_stats(group_rewards, statistic=statistic).detach().double()
+    score = group_reward_stats(group_rewards, statistic=statistic)
     top = float(score.max()) if score.numel() else 0.0
-    if top <= ZERO_SCORE_TOL:
+    if top == 0.0:
         return torch.ones_like(score, dtype=group_rewards.dtype)
     return (score / top).to(group_rewards.dtype)

@@ -4,17 +4,23 @@ All per-token tensors are [B, T] with a `mask [B, T]` (bool or {0, 1} float) mar
 count. Masked-out positions may hold anything (padding logits, -inf log-probs): they are replaced by 0
 before any reduction, so they never turn a loss into NaN.
 
+The clip and clamp constants follow veRL (`verl/trainer/ppo/core_algos.py`, the version the RAGEN-2
+release pins): the log-ratio is clamped to +-20 before exp, dual-clip PPO caps a negative-advantage
+token's loss at clip_ratio_c * |A|, and k3 clamps its log-ratio to +-20 and itself to [-10, 10].
+
 Usage:
     per_token_logp = logp_from_logits(logits, token_ids)
     loss, stats = policy_loss(per_token_logp, old_logp, token_adv, mask,
-                              clip_low=0.2, clip_high=0.28, agg="token-mean")
+                              clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, agg="token-mean")
 """
 from __future__ import annotations
 
 import torch
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-KL_ESTIMATORS = ("k1", "k2", "k3")
+KL_ESTIMATORS = ("k1", "k2", "k3", "k3_exact")
+LOG_RATIO_CLAMP = 20.0   # veRL: keeps exp() of a log-ratio finite
+K3_CLAMP = 10.0          # veRL's low_var_kl bound on the k3 value
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -72,10 +78,17 @@ def policy_loss(
     *,
     clip_low: float,
     clip_high: float,
+    clip_ratio_c: float | None = None,
     agg: str,
     norm_len: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with an asymmetric ratio range [1 - clip_low, 1 + clip_high].
+    """PPO clipped surrogate with an asymmetric ratio range [1 - clip_low, 1 + clip_high], and dual clip.
+
+    Per token, with r = exp(clamp(logp - old_logp, -20, 20)):
+        l = max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high))
+        dual clip (clip_ratio_c = c > 1, tokens with A < 0 only): l = min(l, -A * c) = min(l, c * |A|),
+        so a token whose ratio ran far above 1 + clip_high has a bounded loss and no gradient
+        (Ye et al. 2020, arXiv:1912.09729; veRL's default c = 3). None turns it off.
 
     Args:
         logp: [B, T] per-token log-prob under the current policy (carries the gradient).
@@ -83,23 +96,33 @@ def policy_loss(
         advantages: [B, T] per-token advantage.
         mask: [B, T] response tokens to train on.
         clip_low, clip_high: ratio clip distances below and above 1.
+        clip_ratio_c: dual-clip bound (> 1), or None.
         agg: aggregation mode, see `aggregate`; `norm_len` is passed through.
 
     Returns:
         (loss, stats): loss is a scalar; stats holds detached scalars `clipfrac` (fraction of masked
-        tokens where the clipped branch was the active maximum), `approx_kl` (mean of old_logp - logp),
-        `ratio_mean`.
+        tokens where the clipped branch was the active maximum), `clipfrac_lower` (fraction where the
+        dual clip was active; 0 without it), `approx_kl` (mean of old_logp - logp), `ratio_mean`.
     """
-    log_ratio = _masked(logp - old_logp.detach(), mask)  # 0 on padding keeps exp() finite
+    if clip_ratio_c is not None and not clip_ratio_c > 1.0:
+        raise ValueError(f"policy_loss: clip_ratio_c must be > 1 (or None for no dual clip), got {clip_ratio_c}")
+    # 0 on padding keeps exp() finite; the clamp does the same for a runaway ratio.
+    log_ratio = torch.clamp(_masked(logp - old_logp.detach(), mask), -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     ratio = torch.exp(log_ratio)
     adv = _masked(advantages.detach(), mask)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     per_token_loss = torch.maximum(unclipped, clipped)
+    dual_active = torch.zeros_like(per_token_loss, dtype=torch.bool)
+    if clip_ratio_c is not None:
+        cap = -adv * clip_ratio_c
+        dual_active = (adv < 0) & (per_token_loss > cap)
+        per_token_loss = torch.where(dual_active, cap, per_token_loss)
     loss = aggregate(per_token_loss, mask, mode=agg, norm_len=norm_len)
     with torch.no_grad():
         stats = {
             "clipfrac": _masked_mean((clipped > unclipped).to(logp.dtype), mask),
+            "clipfrac_lower": _masked_mean(dual_active.to(logp.dtype), mask),
             "approx_kl": _masked_mean(-log_ratio, mask),
             "ratio_mean": _masked_mean(ratio, mask),
         }
@@ -110,9 +133,12 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, *, estimator: str) ->
     """Per-token estimate of KL(pi || pi_ref) from samples of pi (Schulman's k1 / k2 / k3).
 
     With d = logp - ref_logp:
-        k1 = d                        (unbiased, high variance, can be negative)
-        k2 = 0.5 * d**2               (biased, low variance, >= 0)
-        k3 = exp(-d) - (-d) - 1       (unbiased, low variance, >= 0)
+        k1 = d                                  (unbiased, high variance, can be negative)
+        k2 = 0.5 * d**2                         (biased, low variance, >= 0)
+        k3 = clamp(exp(c) - c - 1, -10, 10)     with c = clamp(-d, -20, 20): veRL's "low_var_kl",
+                                                 bounded so one far-off token cannot dominate (its
+                                                 gradient is 0 once clamped)
+        k3_exact = exp(-d) + d - 1              (unbiased, low variance, >= 0, unbounded)
 
     Args:
         logp, ref_logp: [...] log-probs of the sampled tokens; any matching shape.
@@ -127,7 +153,10 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, *, estimator: str) ->
         return diff
     if estimator == "k2":
         return 0.5 * diff**2
-    return torch.exp(-diff) + diff - 1.0
+    if estimator == "k3_exact":
+        return torch.exp(-diff) + diff - 1.0
+    c = torch.clamp(-diff, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.clamp(torch.exp(c) - c - 1.0, -K3_CLAMP, K3_CLAMP)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -202,41 +231,3 @@ def value_loss(
             clipfrac = _masked_mean((err_clipped > err_unclipped).to(values.dtype), mask)
     loss = 0.5 * aggregate(err, mask, mode=agg, norm_len=norm_len)
     return loss, {"vf_clipfrac": clipfrac}
-
-
-def actor_loss_terms(
-    logits: torch.Tensor,
-    target_ids: torch.Tensor,
-    mask: torch.Tensor,
-    old_logp: torch.Tensor | None,
-    advantages: torch.Tensor,
-    ref_logp: torch.Tensor | None,
-    *,
-    clip_low: float,
-    clip_high: float,
-    agg: str,
-    kl_estimator: str,
-) -> dict[str, torch.Tensor]:
-    """The actor's loss terms from one forward pass, each aggregated with `agg`, uncombined.
-
-    Args:
-        logits: [B, T, V] predicting `target_ids` [B, T]; mask [B, T]; advantages [B, T].
-        old_logp: [B, T] behaviour log-probs, or None when the update is on-policy (one epoch, one
-            mini-batch): the ratio is then exactly 1, so the current log-probs (detached) stand in
-            and a separate scoring pass is saved.
-        ref_logp: [B, T] reference log-probs, or None when no KL term is used.
-
-    Returns:
-        pg (clipped surrogate), entropy (mean policy entropy, to be maximised), kl (to the
-        reference; 0 without one), clipfrac, approx_kl, and the per-token `logp` and `entropy_tok`
-        [B, T] (detached) for logging.
-    """
-    logp = logp_from_logits(logits, target_ids)
-    entropy_tok = entropy_from_logits(logits)
-    behaviour = logp.detach() if old_logp is None else old_logp
-    pg, stats = policy_loss(logp, behaviour, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg)
-    kl = (aggregate(kl_penalty(logp, ref_logp, estimator=kl_estimator), mask, mode=agg)
-          if ref_logp is not None else logp.new_zeros(()))
-    return {"pg": pg, "entropy": aggregate(entropy_tok, mask, mode=agg), "kl": kl,
-            "clipfrac": stats["clipfrac"], "approx_kl": stats["approx_kl"],
-            "logp": logp.detach(), "entropy_tok": entropy_tok.detach()}

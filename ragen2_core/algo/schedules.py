@@ -1,7 +1,10 @@
-"""Keep-ratio schedules for the rollout filter (an extension: the reference release uses a fixed value).
+"""Schedules of the rollout filter's value (an extension: the reference release uses a fixed value).
+
+The value is `filter.value` in YAML, `value` here and `filter/value` in MLflow; a schedule starts at
+it and moves to `filter.schedule.end`.
 
 Usage:
-    top_p = keep_value(step, total_steps=400, kind="cosine", start=1.0, end=0.6, warmup_steps=20)
+    top_p = filter_value(step, total_steps=400, kind="cosine", start=1.0, end=0.6, warmup_steps=20)
 """
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import math
 KINDS = ("const", "linear", "cosine", "step", "exp")
 
 
-def keep_value(
+def filter_value(
     step: int,
     *,
     total_steps: int,
@@ -19,7 +22,7 @@ def keep_value(
     end: float,
     warmup_steps: int = 0,
 ) -> float:
-    """Filter value (e.g. top_p) at a training step.
+    """The filter's value (e.g. top_p) at a training step; `start` is filter.value.
 
     `step` is clamped to [0, total_steps]. Steps before `warmup_steps` hold `start`; afterwards the
     progress t = (step - warmup_steps) / (total_steps - warmup_steps) runs from 0 to 1 and
@@ -31,13 +34,13 @@ def keep_value(
     If warmup_steps == total_steps, t is 1 once warmup is over.
     """
     if kind not in KINDS:
-        raise ValueError(f"keep_value: unknown kind {kind!r}; expected one of {KINDS}")
+        raise ValueError(f"filter_value: unknown kind {kind!r}; expected one of {KINDS}")
     if total_steps < 1:
-        raise ValueError(f"keep_value: total_steps must be >= 1, got {total_steps}")
+        raise ValueError(f"filter_value: total_steps must be >= 1, got {total_steps}")
     if not 0 <= warmup_steps <= total_steps:
-        raise ValueError(f"keep_value: warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}")
+        raise ValueError(f"filter_value: warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}")
     if kind == "exp" and (start <= 0 or end <= 0):
-        raise ValueError(f"keep_value: exp needs start > 0 and end > 0, got start={start}, end={end}")
+        raise ValueError(f"filter_value: exp needs start > 0 and end > 0, got start={start}, end={end}")
 
     step = min(max(step, 0), total_steps)
     if kind == "const" or step < warmup_steps:

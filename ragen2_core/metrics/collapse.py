@@ -11,6 +11,18 @@ prompt i) is teacher-forced under every prompt x_j of the batch:
 Template collapse is MI -> 0 while the conditional entropy -mean(matched) stays high: the
 reasonings stay diverse but stop depending on the prompt.
 
+Two z-scores standardise the MI, and they answer different questions:
+
+* ``mi_zscore`` (the RAGEN-2 release's statistic, `ragen/trainer/collapse_metrics.py`, the one whose
+  Spearman correlation with success the paper reports): per-token by default,
+  ``mean_s[(matched_s - marginal_s) / (std(marginal) + 1e-3)]`` over the scored samples s, std the
+  population std of the marginals; ``mi_zscore_ema`` divides the same mean by an EMA of that std.
+  An effect size: how far matched stands above the mixture, in units of how much reasonings differ
+  in likelihood. It has no null calibration, so a threshold on it is a choice, not a test.
+* ``mi_perm_zscore`` (ragen2's): MI against a permutation null that relabels which prompt each group
+  of reasonings came from. About N(0, 1) when reasonings ignore their prompt, whatever the scale of
+  the scores, so "below 2" means "no detectable dependence": the calibrated alarm.
+
 Usage::
 
     import torch
@@ -18,8 +30,9 @@ Usage::
 
     scores = torch.randn(8, 4, 8)                 # [N prompts, K samples, N prompts]
     lengths = torch.randint(1, 50, (8, 4))        # reasoning lengths in tokens, [N, K]
-    m = collapse_metrics(scores, lengths=lengths, n_perm=32, seed=0)
-    z_ema = ema_update(None, m["mi_zscore"], decay=0.9)
+    m = collapse_metrics(scores, lengths=lengths, n_perm=32, seed=0, ema=None, ema_decay=0.9)
+    m["mi_zscore"], m["mi_zscore_ema"], m["mi_perm_zscore"], m["mi_perm_zscore_ema"]
+    ema = ema_state(m)                            # carry to the next measurement
 """
 from __future__ import annotations
 
@@ -28,6 +41,7 @@ import math
 import torch
 
 TIE_RULES = ("split", "strict", "first")
+STD_EPS = 1e-3  # the release's `std_eps` in the marginal-std denominators
 
 
 def _prepare(scores, lengths, per_token: bool) -> torch.Tensor:
@@ -215,35 +229,92 @@ def ema_update(prev: float | None, value: float, *, decay: float = 0.9) -> float
     return decay * float(prev) + (1.0 - decay) * value
 
 
-def collapse_metrics(scores, *, lengths, n_perm: int, seed: int,
-                     ties: str = "split") -> dict[str, float]:
+def release_zscores(scores, *, lengths, std_eps: float = STD_EPS) -> dict[str, float]:
+    """The release's MI z-scores and marginal stds, per token and per sequence.
+
+    Over the samples s with a non-empty reasoning (the release scores only those):
+        mi_zscore      = mean_s[(matched_s - marginal_s) / (std(marginal) + std_eps)]   per-token scores
+        mi_zscore_seq  = the same on sequence sums
+        marginal_std, marginal_std_seq = std(marginal), population (ddof 0)
+    Since the denominator is one number, mi_zscore = (mean gap) / (std + eps); ``mi_gap`` and
+    ``mi_gap_seq`` (those mean gaps: the MI over the non-empty samples) are returned for the EMA form.
+
+    Args:
+        scores: [N, K, N] sequence log-likelihoods; lengths: [N, K] reasoning lengths in tokens.
+
+    Returns:
+        floats; NaN when fewer than one sample has a reasoning.
+    """
+    out = {}
+    valid = torch.as_tensor(lengths).reshape(-1) > 0
+    for suffix, per_token in (("", True), ("_seq", False)):
+        s = _prepare(scores, lengths, per_token)
+        gap = (_matched(s) - _marginal(s)).reshape(-1)[valid]
+        marginal = _marginal(s).reshape(-1)[valid]
+        if gap.numel() == 0:
+            out |= {f"mi_zscore{suffix}": math.nan, f"marginal_std{suffix}": math.nan, f"mi_gap{suffix}": math.nan}
+            continue
+        std = marginal.std(unbiased=False).item() if marginal.numel() > 1 else 0.0
+        out |= {f"mi_zscore{suffix}": gap.mean().item() / (std + std_eps), f"marginal_std{suffix}": std,
+                f"mi_gap{suffix}": gap.mean().item()}
+    return out
+
+
+def ema_state(metrics: dict) -> dict[str, float]:
+    """The running EMAs of a measurement's metrics, to pass as ``ema`` to the next `collapse_metrics`
+    (an EMA that has not started yet, NaN in the metrics, is None here)."""
+    return {k: (None if math.isnan(metrics[k]) else metrics[k])
+            for k in ("marginal_std_ema", "marginal_std_ema_seq", "mi_perm_zscore_ema")}
+
+
+def collapse_metrics(scores, *, lengths, n_perm: int, seed: int, ema: dict | None = None,
+                     ema_decay: float = 0.9, ties: str = "split") -> dict[str, float]:
     """Everything logged for one cross-scored batch.
 
     Args:
         scores: [N, K, N] sequence log-likelihoods. lengths: [N, K] reasoning lengths in tokens.
         n_perm, seed: permutation null, as in :func:`mi_zscore`. ties: as in :func:`mi_from_scores`.
+        ema: the previous measurement's `ema_state`, or None at the first; ema_decay: their decay.
 
     Returns:
-        ``mi``, ``mi_upper_bound``, ``mi_zscore``, ``retrieval_acc``, ``retrieval_chance``,
-        ``cond_entropy``, ``marginal_entropy`` from per-sequence sums; ``mi_per_token``,
-        ``mi_zscore_per_token``, ``cond_entropy_per_token``, ``marginal_entropy_per_token`` from
-        length-normalised scores. Retrieval is the same either way (a positive per-row scale
-        does not move the argmax).
+        ``mi``, ``mi_upper_bound``, ``retrieval_acc``, ``retrieval_chance``, ``cond_entropy``,
+        ``marginal_entropy`` from per-sequence sums; ``mi_per_token``, ``cond_entropy_per_token``,
+        ``marginal_entropy_per_token`` from length-normalised scores (retrieval is the same either
+        way: a positive per-row scale does not move the argmax). The release's statistics
+        (`release_zscores`): ``mi_zscore``, ``mi_zscore_seq``, ``marginal_std``, ``marginal_std_seq``,
+        and ``marginal_std_ema``, ``marginal_std_ema_seq`` (EMA started at the first value),
+        ``mi_zscore_ema`` = mi_gap / (marginal_std_ema + 1e-3), ``mi_zscore_ema_seq``. The permutation
+        z-scores ``mi_perm_zscore`` (sequence sums), ``mi_perm_zscore_per_token`` and
+        ``mi_perm_zscore_ema`` (EMA of ``mi_perm_zscore``).
     """
     seq = mi_from_scores(scores, lengths=lengths, ties=ties)
     tok = mi_from_scores(scores, lengths=lengths, per_token=True, ties=ties)
     z_seq = mi_zscore(scores, n_perm=n_perm, seed=seed, lengths=lengths)
     z_tok = mi_zscore(scores, n_perm=n_perm, seed=seed, lengths=lengths, per_token=True)
+    rel = release_zscores(scores, lengths=lengths)
+    ema = ema or {}
+    std_ema = ema_update(ema.get("marginal_std_ema"), rel["marginal_std"], decay=ema_decay)
+    std_ema_seq = ema_update(ema.get("marginal_std_ema_seq"), rel["marginal_std_seq"], decay=ema_decay)
+    nan_if_none = lambda x: math.nan if x is None else x  # noqa: E731
     return {
         "mi": seq["mi"],
         "mi_per_token": tok["mi"],
         "mi_upper_bound": seq["mi_upper_bound"],
-        "mi_zscore": z_seq["zscore"],
-        "mi_zscore_per_token": z_tok["zscore"],
         "retrieval_acc": seq["retrieval_acc"],
         "retrieval_chance": seq["retrieval_chance"],
         "cond_entropy": seq["cond_entropy"],
         "marginal_entropy": seq["marginal_entropy"],
         "cond_entropy_per_token": tok["cond_entropy"],
         "marginal_entropy_per_token": tok["marginal_entropy"],
+        "mi_zscore": rel["mi_zscore"],
+        "mi_zscore_seq": rel["mi_zscore_seq"],
+        "marginal_std": rel["marginal_std"],
+        "marginal_std_seq": rel["marginal_std_seq"],
+        "marginal_std_ema": nan_if_none(std_ema),
+        "marginal_std_ema_seq": nan_if_none(std_ema_seq),
+        "mi_zscore_ema": rel["mi_gap"] / (std_ema + STD_EPS) if std_ema is not None else math.nan,
+        "mi_zscore_ema_seq": rel["mi_gap_seq"] / (std_ema_seq + STD_EPS) if std_ema_seq is not None else math.nan,
+        "mi_perm_zscore": z_seq["zscore"],
+        "mi_perm_zscore_per_token": z_tok["zscore"],
+        "mi_perm_zscore_ema": nan_if_none(ema_update(ema.get("mi_perm_zscore_ema"), z_seq["zscore"], decay=ema_decay)),
     }

@@ -19,9 +19,12 @@ from ragen2_core.report.collect import Sweep, Trial, axis_value
 
 SUCCESS = "eval/success"
 SIDE_METRICS = ("collapse/mi", "actor/entropy", "filter/kept_ratio")
-CURVE_METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "actor/entropy", "rollout/template_frac",
+CURVE_METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_perm_zscore", "actor/entropy",
+                 "rollout/template_frac",
                  "rollout/think_tokens", "filter/kept_ratio")
-PREDICTORS = ("collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi", "actor/entropy", "rollout/template_frac")
+# The release's MI z-score and its EMA first: the paper's Spearman +0.39 is for them.
+PREDICTORS = ("collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore", "collapse/mi_perm_zscore_ema",
+              "collapse/mi", "actor/entropy", "rollout/template_frac")
 MIN_N = 3  # cells with fewer seeds are flagged inconclusive
 ALPHA = 0.05
 

@@ -18,7 +18,8 @@ from ragen2_core.report.collect import Sweep
 A4 = (11.69, 8.27)
 ROWS_PER_PAGE = 20
 UNITS = {"eval/success": "fraction of validation episodes", "collapse/mi": "nats", "collapse/mi_zscore": "z",
-         "collapse/mi_zscore_ema": "z", "actor/entropy": "nats per token",
+         "collapse/mi_zscore_ema": "z", "collapse/mi_perm_zscore": "z (permutation null)",
+         "collapse/mi_perm_zscore_ema": "z (permutation null)", "actor/entropy": "nats per token",
          "rollout/template_frac": "fraction of turns", "rollout/think_tokens": "tokens per turn", "filter/kept_ratio": "fraction of groups",
          "cost/cum_rollout_tokens": "tokens", "cost/cum_wall_s": "s"}
 f, fci, fp, DASH = stats.fmt, stats.fmt_ci, stats.fmt_p, stats.DASH

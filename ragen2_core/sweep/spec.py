@@ -68,7 +68,7 @@ class SchedulerSpec:
 
 @dataclasses.dataclass
 class StopperSpec:
-    metric: str = opt("collapse/mi_zscore_ema", "metric watched by the template-collapse stopper")
+    metric: str = opt("collapse/mi_perm_zscore_ema", "metric watched by the template-collapse stopper")
     below: float = opt(2.0, "a measurement below this counts towards the stop")
     patience: int = opt(3, "stop a trial after this many consecutive measurements below `below`", ge=1)
 

@@ -8,63 +8,64 @@ weighted by their share of rows, which is exact for per-sequence aggregation and
 The spread bands partition the batch, so the whole batch's components are their weighted sum: each
 row is differentiated once per component.
 
-KL placed `in_reward` acts through the advantages, so it is part of the task component there and
-the KL component is 0; likewise a zero coefficient gives a zero component (the work is skipped).
+The components are the objective's own weighted terms (`algo/objective.py`: task, entropy, KL,
+with the step's filter loss scale), so the probe measures exactly what the update optimises. KL
+placed `in_reward` acts through the advantages, so it is part of the task component there and the
+KL component is off; likewise a zero coefficient switches a component off (the work is skipped).
 
-    stats = gradient_probe(actor.module, prepared, [all_rows, low_spread_rows], algo=cfg.algo, micro=16)
-    metrics = probe_batch(actor.module, prepared, batch.group_ids, group_reward_std, cfg=cfg, micro=16)
+    stats = gradient_probe(actor.module, prepared, [all_rows, low_spread_rows], objective=obj, micro=16)
+    metrics = probe_batch(actor.module, prepared, batch.group_ids, group_reward_std, objective=obj,
+                          buckets=2, micro=16)
 """
 from __future__ import annotations
 
 import torch
 
-from ragen2_core.algo.losses import actor_loss_terms
+from ragen2_core.algo.losses import entropy_from_logits, logp_from_logits
+from ragen2_core.algo.objective import Objective, actor_terms
 from ragen2_core.metrics.gradients import decomposition_stats, spread_buckets
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, window
+from ragen2_core.types import PreparedBatch
 
 
-def gradient_probe(model, prep: dict, row_sets: list[torch.Tensor], *, algo, micro: int) -> list[dict | None]:
-    """`decomposition_stats` for each row set (None for an empty set).
-
-    `prep` is the trainer's prepared batch: input_ids, attention_mask, mask [B, T-1], advantages,
-    ref_logp (or None), lengths [B], prefix_len and groups ([B] each, or None)."""
-    return [decomposition_stats(accumulate(model, prep, rows, algo=algo, micro=micro)) if len(rows) else None
-            for rows in row_sets]
+def gradient_probe(model, prep: PreparedBatch, row_sets: list[torch.Tensor], *, objective: Objective, micro: int,
+                   scale: float = 1.0) -> list[dict | None]:
+    """`decomposition_stats` for each row set (None for an empty set)."""
+    return [decomposition_stats(accumulate(model, prep, rows, objective=objective, micro=micro, scale=scale))
+            if len(rows) else None for rows in row_sets]
 
 
-def coefficients(prep: dict, algo) -> dict[str, float]:
-    return {"task": 1.0,
-            "kl": algo.kl_coef if prep["ref_logp"] is not None and algo.kl_placement == "in_loss" else 0.0,
-            "entropy": -algo.entropy_coef}
+def active_components(objective: Objective) -> dict[str, bool]:
+    return {"task": True, "kl": objective.kl_in_loss, "entropy": bool(objective.entropy_coef)}
 
 
-def accumulate(model, prep: dict, rows: torch.Tensor, *, algo, micro: int) -> dict[str, list[torch.Tensor] | None]:
-    """Each component's gradient (times its coefficient) over ``rows``, micro-batch by micro-batch,
-    each weighted by its share of the rows; None for a component that is switched off."""
+def accumulate(model, prep: PreparedBatch, rows: torch.Tensor, *, objective: Objective, micro: int,
+               scale: float = 1.0) -> dict[str, list[torch.Tensor] | None]:
+    """Each weighted component's gradient over ``rows``, micro-batch by micro-batch, each weighted by
+    its share of the rows; None for a component that is switched off."""
     params = [p for p in model.parameters() if p.requires_grad]
-    coef = coefficients(prep, algo)
-    active = [c for c, w in coef.items() if w]
+    on = active_components(objective)
+    active = [c for c, a in on.items() if a]
     acc = {c: [torch.zeros_like(p) for p in params] for c in active}
-    groups, prefix = prep["groups"], prep["prefix_len"]
-    rows = rows[micro_batch_order(prep["lengths"][rows], None if groups is None else groups[rows])]
+    groups, prefix = prep.groups, prep.prefix_len
+    rows = rows[micro_batch_order(prep.lengths[rows], None if groups is None else groups[rows])]
     for mb in torch.split(rows, micro):
-        L = int(prep["lengths"][mb].max())
-        ids, attn = prep["input_ids"][mb, :L], prep["attention_mask"][mb, :L]
+        L = int(prep.lengths[mb].max())
+        ids, attn = prep.input_ids[mb, :L], prep.attention_mask[mb, :L]
         logits, start = forward_window(model, ids, attn, prefix_len=None if prefix is None else prefix[mb])
         # per-token tensors cut to the rows and moved into the logits' window
         cut = lambda x: None if x is None else window(x[mb, :L - 1], start, logits.shape[1])  # noqa: E731
-        terms = actor_loss_terms(logits, window(ids[:, 1:], start, logits.shape[1]), cut(prep["mask"]), None,
-                                 cut(prep["advantages"]), cut(prep["ref_logp"]), clip_low=algo.clip_low,
-                                 clip_high=algo.clip_high, agg=algo.loss_agg, kl_estimator=algo.kl_estimator)
+        logp = logp_from_logits(logits, window(ids[:, 1:], start, logits.shape[1]))
+        terms = actor_terms(objective, logp, entropy_from_logits(logits), cut(prep.mask), None,
+                            cut(prep.advantages), cut(prep.ref_logp), scale=scale)
         share = len(mb) / len(rows)
-        component = {"task": terms["pg"], "kl": terms["kl"], "entropy": terms["entropy"]}
         for i, c in enumerate(active):
-            grads = torch.autograd.grad(coef[c] * share * component[c], params,
+            grads = torch.autograd.grad(share * terms[c], params,
                                         retain_graph=i < len(active) - 1, allow_unused=True)
             for a, g in zip(acc[c], grads):
                 if g is not None:
                     a.add_(g)
-    return {c: acc.get(c) for c in coef}
+    return {c: acc.get(c) for c in on}
 
 
 def combine(parts: list[tuple[int, dict]]) -> dict[str, list[torch.Tensor] | None]:
@@ -80,21 +81,23 @@ def combine(parts: list[tuple[int, dict]]) -> dict[str, list[torch.Tensor] | Non
     return out
 
 
-def probe_batch(model, prep: dict, group_ids: list[int], spread: torch.Tensor, *, cfg, micro: int) -> dict[str, float]:
+def probe_batch(model, prep: PreparedBatch, group_ids: list[int], spread: torch.Tensor, *, objective: Objective,
+                buckets: int, micro: int, scale: float = 1.0) -> dict[str, float]:
     """The logged metrics: `actor/grad_norm_*` over the whole batch and `grad_probe/b{i}/*` per band
-    of in-group reward spread (`grad_probe.buckets` quantile bands, b0 = lowest spread)."""
+    of in-group reward spread (`buckets` quantile bands, b0 = lowest spread)."""
     group_of_row = torch.tensor(group_ids)
-    bucket_of_row = spread_buckets(spread, n_buckets=cfg.grad_probe.buckets)[group_of_row]
-    n_buckets = cfg.grad_probe.buckets if cfg.grad_probe.buckets > 1 else 0
+    bucket_of_row = spread_buckets(spread, n_buckets=buckets)[group_of_row]
+    n_buckets = buckets if buckets > 1 else 0
     row_sets = [torch.arange(len(group_ids))] + [torch.nonzero(bucket_of_row == b).flatten() for b in range(n_buckets)]
-    row_sets = [r.to(prep["lengths"].device) for r in row_sets]
+    row_sets = [r.to(prep.lengths.device) for r in row_sets]
+    kw = dict(objective=objective, micro=micro, scale=scale)
     if n_buckets:
         # The buckets partition the batch: its components are their weighted sum (one pass, not two).
-        accs = [accumulate(model, prep, r, algo=cfg.algo, micro=micro) if len(r) else None for r in row_sets[1:]]
+        accs = [accumulate(model, prep, r, **kw) if len(r) else None for r in row_sets[1:]]
         whole = combine([(len(r), a) for r, a in zip(row_sets[1:], accs) if a is not None])
         stats = [decomposition_stats(whole)] + [None if a is None else decomposition_stats(a) for a in accs]
     else:
-        stats = gradient_probe(model, prep, row_sets[:1], algo=cfg.algo, micro=micro)
+        stats = gradient_probe(model, prep, row_sets[:1], **kw)
     out = {f"actor/{k}": v for k, v in stats[0].items()}
     for b, st in enumerate(stats[1:]):
         rows = row_sets[b + 1]

@@ -3,9 +3,10 @@
 Three stops follow the reference release (REFERENCE.md section 3): the filter kept nothing for
 `empty_filter_patience` steps in a row; the in-group reward spread collapsed (each of the last W
 steps below `spread_frac` x the mean of the first W); validation success under `val_floor` for
-`val_floor_patience` validations in a row. The fourth watches `collapse/mi_zscore_ema`: MI
-indistinguishable from its permutation null for `mi_alert_patience` measurements in a row means the
-reasoning no longer depends on the input; it warns, or stops the run, per `mi_alert_action`.
+`val_floor_patience` validations in a row. The fourth watches an MI z-score EMA
+(`stops.mi_alert_metric`, by default `collapse/mi_perm_zscore_ema`): MI indistinguishable from its
+permutation null for `mi_alert_patience` measurements in a row means the reasoning no longer depends
+on the input; it warns, or stops the run, per `mi_alert_action`.
 
     monitor = StopMonitor(cfg.stops)
     reason = monitor.after_step(kept_groups=3, group_reward_std=0.4)   # None or a stop reason

@@ -1,9 +1,10 @@
 """The training loop: ``run(cfg, sink) -> result``. One file, read top to bottom.
 
 Each step: rollout -> diagnostics (MI proxy) -> filter (SNR hook) -> gradient probe -> advantage ->
-loss/step -> metrics -> eval -> stops -> checkpoint. Everything random is derived from
-``(train.seed, step)``, so a resumed run replays exactly the steps an uninterrupted one would, given
-the model, optimizer and loop state in the checkpoint.
+loss/step -> metrics -> eval -> stops -> checkpoint, one call per stage. The actor's objective (loss
+terms, coefficients, where KL goes) is decided once, in `algo/objective.py`. Everything random is
+derived from ``(train.seed, step)``, so a resumed run replays exactly the steps an uninterrupted one
+would, given the model, optimizer and loop state in the checkpoint.
 
     from ragen2_core.config import load_config
     from ragen2_core.tracking import StdoutSink
@@ -15,19 +16,22 @@ from __future__ import annotations
 import copy
 import random
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ragen2_core.algo.advantages import broadcast_to_tokens, gae_advantages, group_advantages
-from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, select_groups, soft_group_weights
-from ragen2_core.algo.losses import actor_loss_terms, aggregate, entropy_from_logits, kl_penalty, logp_from_logits, value_loss
-from ragen2_core.algo.schedules import keep_value
-from ragen2_core.config import config_hash, dump_yaml, flatten
+from ragen2_core.algo.advantages import broadcast_to_tokens, gae_advantages, group_advantages, whiten
+from ragen2_core.algo.filter import (group_reward_stats, loss_scale_factor, select_groups, soft_group_weights,
+                                     zero_spread)
+from ragen2_core.algo.losses import aggregate, entropy_from_logits, kl_penalty, logp_from_logits, value_loss
+from ragen2_core.algo.objective import Objective, actor_terms, rewards_with_kl
+from ragen2_core.algo.schedules import filter_value
+from ragen2_core.config import SINGLE_TURN_ENVS, config_hash, dump_yaml, flatten
 from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.envs.registry import env_factory
-from ragen2_core.metrics.collapse import collapse_metrics, ema_update
+from ragen2_core.metrics.collapse import collapse_metrics, ema_state
 from ragen2_core.policy.load import load_policy
 from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
@@ -40,19 +44,12 @@ from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
-from ragen2_core.types import RolloutBatch
+from ragen2_core.types import PreparedBatch, RolloutBatch
 
 
 def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Generator:
     """Independent, reproducible randomness per (seed, step, purpose, data-parallel rank)."""
     return np.random.default_rng([seed, step, stream, rank])
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    n = mask.sum().clamp(min=1)
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / n
-    return (x - mean) * torch.rsqrt(var + 1e-8) * mask
 
 
 @torch.no_grad()
@@ -85,8 +82,122 @@ def agree(reason: str | None, world: int) -> str | None:
     return box[0]
 
 
+def build_objective(cfg) -> Objective:
+    """The actor objective's numbers from the config; Dr.GRPO's length constant resolved here."""
+    algo = cfg.algo
+    norm_len = None
+    if algo.loss_agg == "seq-mean-token-sum":
+        turns = 1 if cfg.env.name in SINGLE_TURN_ENVS else cfg.env.max_turns
+        norm_len = float(algo.loss_norm_len or turns * cfg.rollout.max_new_tokens)
+    return Objective(clip_low=algo.clip_low, clip_high=algo.clip_high, clip_ratio_c=algo.clip_ratio_c,
+                     agg=algo.loss_agg, norm_len=norm_len, entropy_coef=algo.entropy_coef, kl_coef=algo.kl_coef,
+                     kl_estimator=algo.kl_estimator, kl_placement=algo.kl_placement,
+                     scale_on=cfg.filter.loss_scale_on)
+
+
+@dataclass
+class Run:
+    """What every stage of a run reads: the config, the models and the running state."""
+    cfg: object
+    sink: object
+    rank: int
+    world: int
+    out_dir: Path
+    actor: TrainEngine
+    critic: TrainEngine | None
+    reference: FrozenModel | None
+    tok: object
+    make_env: object
+    template: str
+    objective: Objective
+    whiten: bool
+    micro: int
+    sampling: SamplingParams
+    eval_sampling: SamplingParams
+    monitor: StopMonitor
+    policy_path: str
+    # Running state that must survive a resume: the collapse EMAs and the cost counters.
+    loop: dict = field(default_factory=lambda: {"collapse_ema": None, "cum_rollout_tokens": 0, "cum_wall_s": 0.0})
+
+
+@dataclass
+class Selection:
+    """The filter's outcome for one step."""
+    keep: torch.Tensor          # [G] bool
+    kept_rows: list[int]
+    scale: float                # loss_scale_factor of the kept ratio
+    row_weight: torch.Tensor    # [B] soft reweighting (ones when off)
+
+
 def run(cfg, sink) -> dict:
     # ================================================================ setup
+    r = setup(cfg, sink)
+    start_step = resume_or_start(r)
+    last_eval: dict = {}
+    metrics: dict = {}
+    stop_reason = "completed"
+    step = start_step - 1
+    for step in range(start_step, cfg.train.steps):
+        t_step = time.perf_counter()
+        # ============================================================ rollout
+        batch, group_rewards, metrics = rollout_step(r, step)
+        reason = None  # set by an early stop
+
+        # ============================================================ diagnostics: MI proxy
+        if cfg.collapse.every and step % cfg.collapse.every == 0 and r.rank == 0:
+            mi, reason = diagnose_collapse(r, step, batch)
+            metrics |= mi
+
+        # ============================================================ filter (SNR hook)
+        t0 = time.perf_counter()
+        sel, filter_metrics = filter_groups(r, step, batch, group_rewards)
+        metrics |= filter_metrics
+        reason = r.monitor.after_step(kept_groups=int(sel.keep.sum()),
+                                      group_reward_std=metrics["rollout/group_reward_std"]) or reason
+        metrics["filter/empty_streak"] = r.monitor.empty_streak
+
+        # ============================================================ diagnostics: gradient probe
+        if cfg.grad_probe.every and step % cfg.grad_probe.every == 0:
+            metrics |= probe_gradients(r, batch, group_rewards, sel)
+            t0 += metrics["time/grad_probe_s"]  # keep the probe out of the update's cost
+
+        # ============================================================ advantage / loss / step
+        # An empty selection skips the update; the stop monitor counts the streak.
+        if sel.kept_rows:
+            metrics |= update(r, batch.select(sel.kept_rows), sel.row_weight[sel.kept_rows], step, sel.scale)
+        metrics["time/update_s"] = time.perf_counter() - t0
+
+        # ============================================================ metrics: cost
+        metrics |= cost_metrics(r, batch, sel.kept_rows, metrics)
+
+        # ============================================================ eval
+        if r.rank == 0 and cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps):
+            last_eval, eval_metrics = validate(r, step)
+            metrics |= eval_metrics
+            reason = reason or r.monitor.after_eval(success=last_eval["eval/success"])
+        metrics["time/step_s"] = time.perf_counter() - t_step
+        sink.log_metrics(metrics, step=step + 1)
+
+        # ============================================================ stops
+        # An early-stopped run is finished: no checkpoint is written for its last step, so a resume
+        # does not train on past the point where it failed.
+        reason = agree(reason, r.world)
+
+        # ============================================================ checkpoint
+        if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0 and not reason:
+            checkpoint.save(r.out_dir, step, r.actor, r.critic, keep=cfg.train.keep_checkpoints, rank=r.rank,
+                            extra={"loop": r.loop, "stops": r.monitor.state_dict()})
+        if reason:
+            stop_reason = reason
+            print(f"[train] early stop at step {step + 1}: {reason}", flush=True)
+            break
+
+    # ================================================================ export
+    return export(r, step, stop_reason, metrics, last_eval)
+
+
+def setup(cfg, sink) -> Run:
+    """Threads, seeds, process group, policy, reference, critic and engines."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed = cfg.train.seed
@@ -94,12 +205,12 @@ def run(cfg, sink) -> dict:
     rank, world = init_distributed()  # under torchrun each rank rolls out its own groups
     out_dir = Path(cfg.train.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    algo, fcfg, rcfg, ccfg = cfg.algo, cfg.filter, cfg.rollout, cfg.collapse
+    algo, rcfg = cfg.algo, cfg.rollout
+    objective = build_objective(cfg)
 
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
-    template = make_env().template_think
-    reference = FrozenModel(copy.deepcopy(model)) if algo.kl_coef > 0 else None
+    reference = FrozenModel(copy.deepcopy(model)) if objective.uses_reference else None
     n_rows = rcfg.n_groups * rcfg.group_size
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
     engine_kw = dict(zero_stage=cfg.train.zero_stage, grad_accum=cfg.train.grad_accum,
@@ -114,216 +225,206 @@ def run(cfg, sink) -> dict:
                               max_context_tokens=rcfg.max_context_tokens)
     eval_sampling = sampling if not cfg.train.eval_greedy else SamplingParams(
         greedy=True, max_new_tokens=rcfg.max_new_tokens, max_context_tokens=rcfg.max_context_tokens)
-    sched = fcfg.schedule
-    keep_start = fcfg.value if sched.start is None else sched.start
-    monitor = StopMonitor(cfg.stops)
-    # Running state that must survive a resume: the MI z-score EMA and the cost counters.
-    loop = {"mi_zscore_ema": None, "cum_rollout_tokens": 0, "cum_wall_s": 0.0}
+    whiten_adv = algo.whiten_advantages if algo.whiten_advantages is not None else algo.advantage == "gae"
+    r = Run(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
+            reference=reference, tok=tok, make_env=make_env, template=make_env().template_think,
+            objective=objective, whiten=whiten_adv, micro=micro, sampling=sampling, eval_sampling=eval_sampling,
+            monitor=StopMonitor(cfg.stops), policy_path=str(policy_path))
+    return r
 
+
+def resume_or_start(r: Run) -> int:
+    """The first step to run: after the newest checkpoint on resume, else 0 (logging params and tags)."""
+    cfg = r.cfg
     start_step = 0
     if cfg.train.resume:
-        found = checkpoint.latest(out_dir)
+        found = checkpoint.latest(r.out_dir)
         if found is not None:
-            state = checkpoint.load(found, actor, critic)
+            state = checkpoint.load(found, r.actor, r.critic)
             start_step = state["step"] + 1
-            loop |= state.get("loop", {})
-            monitor.load_state_dict(state.get("stops", {}))
+            r.loop |= {k: v for k, v in state.get("loop", {}).items() if k in r.loop}
+            r.monitor.load_state_dict(state.get("stops", {}))
             print(f"[train] resumed from {found} at step {start_step}", flush=True)
     if start_step == 0:
-        sink.log_params(flatten(cfg))
-        sink.set_tags(run_tags(config_hash(cfg), seed, git_sha()) | {"ragen2.policy": str(policy_path)})
-        sink.log_text(dump_yaml(cfg), "config.yaml")
+        r.sink.log_params(flatten(cfg))
+        r.sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha()) | {"ragen2.policy": r.policy_path})
+        r.sink.log_text(dump_yaml(cfg), "config.yaml")
+    return start_step
 
-    last_eval: dict = {}
-    metrics: dict = {}
-    stop_reason = "completed"
-    step = start_step - 1
-    for step in range(start_step, cfg.train.steps):
-        t_step = time.perf_counter()
-        reason = None  # set by an early stop
-        # ============================================================ rollout
-        rng = step_rng(seed, step, 0, rank)
-        group_seeds = rng.integers(0, cfg.env.val_seed_start, rcfg.n_groups).tolist()
-        env_seeds = [s for s in group_seeds for _ in range(rcfg.group_size)]
-        dyn_seeds = rng.integers(0, 2**31 - 1, n_rows).tolist()
-        group_ids = [g for g in range(rcfg.n_groups) for _ in range(rcfg.group_size)]
-        gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
-        t0 = time.perf_counter()
-        batch = rollout(actor.module, tok, make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
-                        group_ids=group_ids, sampling=sampling, generator=gen)
-        rollout_s = time.perf_counter() - t0
-        group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
-        spread = group_reward_stats(group_rewards, statistic="std")   # [G] in-group reward std
-        rollout_tokens = sum(map(sum, batch.response_mask))
-        metrics = rollout_metrics(batch, spread, rollout_tokens, template)
-        metrics["time/rollout_s"] = rollout_s
-        metrics["perf/tokens_per_s"] = rollout_tokens / max(rollout_s, 1e-9)
 
-        # ============================================================ diagnostics: MI proxy
-        if ccfg.every and step % ccfg.every == 0 and rank == 0:
-            t0 = time.perf_counter()
-            scores, lengths, rows_used = score_batch(
-                actor.module, batch, n_prompts=ccfg.n_prompts, k_samples=ccfg.k_samples,
-                rng=step_rng(seed, step, 2, rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
-            mi = collapse_metrics(scores, lengths=lengths, n_perm=ccfg.n_perm, seed=seed * 100_003 + step)
-            loop["mi_zscore_ema"] = ema_update(loop["mi_zscore_ema"], mi["mi_zscore"], decay=ccfg.ema_decay)
-            alert, mi_stop = monitor.after_mi(zscore_ema=loop["mi_zscore_ema"])
-            metrics |= {f"collapse/{k}": v for k, v in mi.items()} | {
-                "collapse/mi_zscore_ema": loop["mi_zscore_ema"], "collapse/alert": float(alert),
-                "collapse/n_prompts": scores.shape[0], "collapse/k_samples": scores.shape[1]}
-            if alert:
-                print(f"[train] template-collapse alert at step {step + 1}: MI z-score EMA "
-                      f"{loop['mi_zscore_ema']:.2f} < {cfg.stops.mi_alert_zscore}", flush=True)
-            reason = mi_stop
-            if ccfg.dump_rollouts:
-                dump_rollouts(batch.select(rows_used), tok, out_dir / "rollouts.jsonl", step=step + 1)
-            metrics["time/collapse_s"] = time.perf_counter() - t0
+def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
+    """Sample the step's groups; returns the batch, its [G, S] float64 episode rewards and `rollout/*`."""
+    rcfg, seed = r.cfg.rollout, r.cfg.train.seed
+    rng = step_rng(seed, step, 0, r.rank)
+    group_seeds = rng.integers(0, r.cfg.env.val_seed_start, rcfg.n_groups).tolist()
+    env_seeds = [s for s in group_seeds for _ in range(rcfg.group_size)]
+    dyn_seeds = rng.integers(0, 2**31 - 1, len(env_seeds)).tolist()
+    group_ids = [g for g in range(rcfg.n_groups) for _ in range(rcfg.group_size)]
+    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
+    t0 = time.perf_counter()
+    batch = rollout(r.actor.module, r.tok, r.make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
+                    group_ids=group_ids, sampling=r.sampling, generator=gen)
+    rollout_s = time.perf_counter() - t0
+    # float64: the spread statistics and the zero-spread test see the rewards as the env gave them.
+    group_rewards = torch.tensor(batch.episode_reward, dtype=torch.float64).view(rcfg.n_groups, rcfg.group_size)
+    rollout_tokens = sum(map(sum, batch.response_mask))
+    metrics = rollout_metrics(batch, group_rewards, rollout_tokens, r.template)
+    metrics |= {"time/rollout_s": rollout_s, "perf/tokens_per_s": rollout_tokens / max(rollout_s, 1e-9),
+                "cost/rollout_tokens": rollout_tokens}
+    return batch, group_rewards, metrics
 
-        # ============================================================ filter (SNR hook)
-        t0 = time.perf_counter()
-        keep_target = (fcfg.value if sched.kind == "const" else
-                       keep_value(step, total_steps=cfg.train.steps, kind=sched.kind, start=keep_start,
-                                  end=sched.end, warmup_steps=min(sched.warmup_steps, cfg.train.steps)))
-        keep = select_groups(group_rewards, strategy=fcfg.strategy, value=keep_target, mode=fcfg.mode,
-                             statistic=fcfg.statistic, include_zero=fcfg.include_zero)
-        kept_rows = [b for b, g in enumerate(batch.group_ids) if keep[g]]
-        kept_ratio = float(keep.float().mean())
-        metrics |= {"filter/kept_ratio": kept_ratio, "filter/kept_groups": int(keep.sum()),
-                    "filter/zero_std_groups": int((spread <= 1e-8).sum()),
-                    "filter/kept_group_reward_std": float(spread[keep].mean()) if keep.any() else 0.0,
-                    "filter/keep_target": keep_target}
-        reason = monitor.after_step(kept_groups=int(keep.sum()), group_reward_std=float(spread.mean())) or reason
-        metrics["filter/empty_streak"] = monitor.empty_streak
-        row_weight = torch.ones(len(batch))
-        if fcfg.soft_reweight:
-            row_weight = soft_group_weights(group_rewards, statistic=fcfg.statistic)[torch.tensor(batch.group_ids)]
 
-        # ============================================================ diagnostics: gradient probe
-        if cfg.grad_probe.every and step % cfg.grad_probe.every == 0:
-            t0_probe = time.perf_counter()
-            prep = prepare(batch, row_weight, actor, critic, reference, tok, cfg, micro, on_policy=True)
-            metrics |= probe_batch(actor.module, prep, batch.group_ids, spread, cfg=cfg, micro=micro)
-            metrics["time/grad_probe_s"] = time.perf_counter() - t0_probe
-            t0 += metrics["time/grad_probe_s"]  # keep the probe out of the update's cost
+def diagnose_collapse(r: Run, step: int, batch: RolloutBatch) -> tuple[dict, str | None]:
+    """`collapse/*` from cross-scoring the batch's first-turn reasonings, and the alert's stop reason."""
+    cfg, ccfg, seed = r.cfg, r.cfg.collapse, r.cfg.train.seed
+    t0 = time.perf_counter()
+    scores, lengths, rows_used = score_batch(
+        r.actor.module, batch, n_prompts=ccfg.n_prompts, k_samples=ccfg.k_samples,
+        rng=step_rng(seed, step, 2, r.rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
+    mi = collapse_metrics(scores, lengths=lengths, n_perm=ccfg.n_perm, seed=seed * 100_003 + step,
+                          ema=r.loop["collapse_ema"], ema_decay=ccfg.ema_decay)
+    r.loop["collapse_ema"] = ema_state(mi)
+    watched = mi[cfg.stops.mi_alert_metric]
+    alert, stop = r.monitor.after_mi(zscore_ema=watched)
+    if alert:
+        print(f"[train] template-collapse alert at step {step + 1}: collapse/{cfg.stops.mi_alert_metric} "
+              f"{watched:.2f} < {cfg.stops.mi_alert_zscore}", flush=True)
+    if ccfg.dump_rollouts:
+        dump_rollouts(batch.select(rows_used), r.tok, r.out_dir / "rollouts.jsonl", step=step + 1)
+    out = {f"collapse/{k}": v for k, v in mi.items()} | {
+        "collapse/alert": float(alert), "collapse/n_prompts": scores.shape[0], "collapse/k_samples": scores.shape[1],
+        "time/collapse_s": time.perf_counter() - t0}
+    return out, stop
 
-        # ============================================================ advantage / loss / step
-        if kept_rows:
-            metrics |= update(batch.select(kept_rows), row_weight[kept_rows], actor, critic, reference,
-                              tok, cfg, step, micro, loss_scale_factor(kept_ratio, mode=fcfg.loss_scale))
-        metrics["time/update_s"] = time.perf_counter() - t0
 
-        # ============================================================ metrics: cost
-        kept_tokens = sum(sum(batch.response_mask[b]) for b in kept_rows)
-        wall_s = rollout_s + metrics["time/update_s"]
-        loop["cum_rollout_tokens"] += rollout_tokens
-        loop["cum_wall_s"] += wall_s
-        metrics |= {"cost/rollout_tokens": rollout_tokens, "cost/kept_tokens": kept_tokens,
-                    "cost/tokens_per_kept_sample": rollout_tokens / len(kept_rows) if kept_rows else float("nan"),
-                    "cost/wasted_rollout_frac": 1.0 - kept_tokens / max(rollout_tokens, 1),
-                    "cost/wall_s_per_update": wall_s,
-                    "cost/cum_rollout_tokens": loop["cum_rollout_tokens"], "cost/cum_wall_s": loop["cum_wall_s"]}
+def filter_groups(r: Run, step: int, batch: RolloutBatch, group_rewards: torch.Tensor) -> tuple[Selection, dict]:
+    """The SNR filter at this step's scheduled value, and `filter/*`."""
+    fcfg, sched = r.cfg.filter, r.cfg.filter.schedule
+    value = filter_value(step, total_steps=r.cfg.train.steps, kind=sched.kind, start=fcfg.value, end=sched.end,
+                         warmup_steps=sched.warmup_steps)
+    keep = select_groups(group_rewards, strategy=fcfg.strategy, value=value, mode=fcfg.mode,
+                         statistic=fcfg.statistic, include_zero=fcfg.include_zero)
+    spread = group_reward_stats(group_rewards, statistic="std")
+    kept_rows = [b for b, g in enumerate(batch.group_ids) if keep[g]]
+    kept_ratio = float(keep.float().mean())
+    row_weight = torch.ones(len(batch))
+    if fcfg.soft_reweight:
+        row_weight = soft_group_weights(group_rewards, statistic=fcfg.statistic).float()[torch.tensor(batch.group_ids)]
+    sel = Selection(keep=keep, kept_rows=kept_rows, scale=loss_scale_factor(kept_ratio, mode=fcfg.loss_scale),
+                    row_weight=row_weight)
+    return sel, {"filter/kept_ratio": kept_ratio, "filter/kept_groups": int(keep.sum()),
+                 "filter/zero_std_groups": int(zero_spread(group_rewards).sum()),
+                 "filter/kept_group_reward_std": float(spread[keep].mean()) if keep.any() else 0.0,
+                 "filter/value": value}
 
-        # ============================================================ eval
-        if rank == 0 and cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps):
-            t0 = time.perf_counter()
-            stats, eval_batch = evaluate(actor.module, tok, make_env, seeds=val_seeds(cfg.env),
-                                         sampling=eval_sampling, seed=seed)
-            last_eval = {f"eval/{k}": v for k, v in stats.items()}
-            metrics |= last_eval | {"time/eval_s": time.perf_counter() - t0}
-            sink.log_text(sample_text(eval_batch, tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
-            reason = reason or monitor.after_eval(success=stats["success"])
-        metrics["time/step_s"] = time.perf_counter() - t_step
-        sink.log_metrics(metrics, step=step + 1)
 
-        # ============================================================ stops
-        # An early-stopped run is finished: no checkpoint is written for its last step, so a resume
-        # does not train on past the point where it failed.
-        reason = agree(reason, world)
+def probe_gradients(r: Run, batch: RolloutBatch, group_rewards: torch.Tensor, sel: Selection) -> dict:
+    """Task / KL / entropy gradient components on the whole batch at the current parameters."""
+    t0 = time.perf_counter()
+    prep = prepare(r, batch, sel.row_weight, on_policy=True)
+    spread = group_reward_stats(group_rewards, statistic="std")
+    out = probe_batch(r.actor.module, prep, batch.group_ids, spread, objective=r.objective,
+                      buckets=r.cfg.grad_probe.buckets, micro=r.micro, scale=sel.scale)
+    return out | {"time/grad_probe_s": time.perf_counter() - t0}
 
-        # ============================================================ checkpoint
-        if cfg.train.checkpoint_every and (step + 1) % cfg.train.checkpoint_every == 0 and not reason:
-            checkpoint.save(out_dir, step, actor, critic, keep=cfg.train.keep_checkpoints, rank=rank,
-                            extra={"loop": loop, "stops": monitor.state_dict()})
-        if reason:
-            stop_reason = reason
-            print(f"[train] early stop at step {step + 1}: {reason}", flush=True)
-            break
 
-    # ================================================================ export
-    export_dir = out_dir / "policy"
-    checkpoint.export_policy(actor, tok, export_dir, rank=rank)
-    sink.log_artifact(export_dir, "policy")
-    sink.set_tags({"ragen2.stop_reason": stop_reason})
-    result = {"steps": cfg.train.steps, "steps_done": step + 1, "stop_reason": stop_reason,
+def cost_metrics(r: Run, batch: RolloutBatch, kept_rows: list[int], metrics: dict) -> dict:
+    """`cost/*`: tokens rolled out and kept, wall time per update, running sums (in the loop state)."""
+    rollout_tokens = metrics["cost/rollout_tokens"]
+    kept_tokens = sum(sum(batch.response_mask[b]) for b in kept_rows)
+    wall_s = metrics["time/rollout_s"] + metrics["time/update_s"]
+    r.loop["cum_rollout_tokens"] += rollout_tokens
+    r.loop["cum_wall_s"] += wall_s
+    return {"cost/rollout_tokens": rollout_tokens, "cost/kept_tokens": kept_tokens,
+            "cost/tokens_per_kept_sample": rollout_tokens / len(kept_rows) if kept_rows else float("nan"),
+            "cost/wasted_rollout_frac": 1.0 - kept_tokens / max(rollout_tokens, 1),
+            "cost/wall_s_per_update": wall_s,
+            "cost/cum_rollout_tokens": r.loop["cum_rollout_tokens"], "cost/cum_wall_s": r.loop["cum_wall_s"]}
+
+
+def validate(r: Run, step: int) -> tuple[dict, dict]:
+    """`eval/*` on the fixed validation seeds (rank 0); logs three sample episodes as text."""
+    t0 = time.perf_counter()
+    stats, eval_batch = evaluate(r.actor.module, r.tok, r.make_env, seeds=val_seeds(r.cfg.env),
+                                 sampling=r.eval_sampling, seed=r.cfg.train.seed)
+    last_eval = {f"eval/{k}": v for k, v in stats.items()}
+    r.sink.log_text(sample_text(eval_batch, r.tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
+    return last_eval, last_eval | {"time/eval_s": time.perf_counter() - t0}
+
+
+def export(r: Run, step: int, stop_reason: str, metrics: dict, last_eval: dict) -> dict:
+    """Save the final policy, tag the stop reason, write result.json atomically."""
+    export_dir = r.out_dir / "policy"
+    checkpoint.export_policy(r.actor, r.tok, export_dir, rank=r.rank)
+    r.sink.log_artifact(export_dir, "policy")
+    r.sink.set_tags({"ragen2.stop_reason": stop_reason})
+    result = {"steps": r.cfg.train.steps, "steps_done": step + 1, "stop_reason": stop_reason,
               "policy_dir": str(export_dir), **metrics, **last_eval}
-    if rank == 0:
-        checkpoint.write_json_atomic(out_dir / "result.json", result)
+    if r.rank == 0:
+        checkpoint.write_json_atomic(r.out_dir / "result.json", result)
     return result
 
 
-def rollout_metrics(batch: RolloutBatch, spread: torch.Tensor, rollout_tokens: int,
+def rollout_metrics(batch: RolloutBatch, group_rewards: torch.Tensor, rollout_tokens: int,
                     template: str) -> dict[str, float]:
-    """`rollout/*` of the batch; `spread` [G] is the in-group reward std, `rollout_tokens` all reply
-    tokens, `template` the env's input-independent reasoning sentence."""
+    """`rollout/*` of the batch; `group_rewards` [G, S], `rollout_tokens` all reply tokens, `template`
+    the env's input-independent reasoning sentence."""
     stats = batch_stats(batch, template)
     return {f"rollout/{k}": v for k, v in stats.items()} | {
-        "rollout/group_reward_std": float(spread.mean()),
-        "rollout/frac_zero_std_groups": float((spread <= 1e-8).float().mean()),
+        "rollout/group_reward_std": float(group_reward_stats(group_rewards, statistic="std").mean()),
+        "rollout/frac_zero_std_groups": float(zero_spread(group_rewards).double().mean()),
         "rollout/response_tokens": rollout_tokens / len(batch),
         "rollout/truncated": sum(batch.truncated) / len(batch),
     } | {f"rollout/{k}": v for k, v in sandbox_metrics(i for infos in batch.step_infos for i in infos).items()}
 
 
-def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, reference, tok, cfg, micro: int,
-            *, on_policy: bool) -> dict:
+def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy: bool) -> PreparedBatch:
     """Padded tensors, behaviour and reference log-probs, and advantages for a batch.
 
     With ``on_policy`` (one epoch, one mini-batch) the behaviour log-probs are not scored here: the
     update's own forward pass gives them, since the parameters do not move before its single step.
     """
-    algo = cfg.algo
+    algo, obj, actor = r.cfg.algo, r.objective, r.actor
     device = next(actor.module.parameters()).device
-    t = {k: v.to(device) for k, v in batch.padded(tok.pad_token_id).items()}
+    t = {k: v.to(device) for k, v in batch.padded(r.tok.pad_token_id).items()}
     mask = t["response_mask"][:, 1:]            # next-token positions that are reply tokens
-    rewards = t["token_rewards"][:, 1:]
     share = dict(prefix_len=torch.tensor(batch.prompt_len, device=device),
                  groups=torch.tensor(batch.group_ids, device=device)
-                 ) if cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
-    kl_in_reward = reference is not None and algo.kl_placement == "in_reward"
+                 ) if r.cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
     old_logp = old_entropy = ref_logp = old_values = returns = None
-    if not on_policy or kl_in_reward:
-        old_logp, old_entropy = score_tokens(actor.module, t, micro, **share)
-    if reference is not None:
-        ref_logp, _ = score_tokens(reference.module, t, micro, **share)
-        if kl_in_reward:
-            rewards = rewards - algo.kl_coef * kl_penalty(old_logp, ref_logp, estimator=algo.kl_estimator) * mask
-    if critic is not None:
+    if not on_policy or obj.kl_in_reward:
+        old_logp, old_entropy = score_tokens(actor.module, t, r.micro, **share)
+    if obj.uses_reference:
+        ref_logp, _ = score_tokens(r.reference.module, t, r.micro, **share)
+    rewards = rewards_with_kl(obj, t["token_rewards"][:, 1:], old_logp, ref_logp, mask)
+    if r.critic is not None:
         with torch.no_grad():
-            old_values = torch.cat([critic.module(input_ids=t["input_ids"][r], attention_mask=t["attention_mask"][r]
-                                                  ).logits[:, :-1, 0].float()
-                                    for r in torch.split(torch.arange(len(batch)), micro)])
+            old_values = torch.cat([r.critic.module(input_ids=t["input_ids"][rows], attention_mask=t["attention_mask"][rows]
+                                                    ).logits[:, :-1, 0].float()
+                                    for rows in torch.split(torch.arange(len(batch)), r.micro)])
         advantages, returns = gae_advantages(rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
-        advantages = masked_whiten(advantages, mask)
     else:
         seq_adv = group_advantages(rewards.sum(-1), torch.tensor(batch.group_ids, device=device),
                                    norm_by_std=algo.advantage == "grpo")
         advantages = broadcast_to_tokens(seq_adv, mask)
+    if r.whiten:
+        advantages = whiten(advantages, mask)
     advantages = advantages * row_weight.to(device)[:, None]   # soft reweighting (ones when off)
-    if cfg.filter.zero_task_advantage:
+    if r.cfg.filter.zero_task_advantage:
         advantages = torch.zeros_like(advantages)
-    return dict(t, mask=mask, old_logp=old_logp, old_entropy=old_entropy, ref_logp=ref_logp,
-                old_values=old_values, returns=returns, advantages=advantages,
-                lengths=t["attention_mask"].sum(-1), **share)
+    return PreparedBatch(input_ids=t["input_ids"], attention_mask=t["attention_mask"], mask=mask,
+                         advantages=advantages, lengths=t["attention_mask"].sum(-1), old_logp=old_logp,
+                         old_entropy=old_entropy, ref_logp=ref_logp, old_values=old_values, returns=returns, **share)
 
 
-def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, reference, tok, cfg, step: int,
-           micro: int, loss_scale: float) -> dict[str, float]:
-    """Advantages, then ppo_epochs x mini_batches optimizer steps over the kept rows."""
-    algo = cfg.algo
+def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float) -> dict[str, float]:
+    """Advantages, then ppo_epochs x mini_batches optimizer steps over the kept rows; `scale` is the
+    filter's loss scale (`algo/objective.py` decides what it multiplies)."""
+    algo, obj, actor, critic = r.cfg.algo, r.objective, r.actor, r.critic
     # ============================================================ advantage
     on_policy = algo.ppo_epochs == 1 and algo.mini_batches == 1
-    p = prepare(batch, row_weight, actor, critic, reference, tok, cfg, micro, on_policy=on_policy)
-    mask, lengths = p["mask"], p["lengths"]
+    p = prepare(r, batch, row_weight, on_policy=on_policy)
+    mask, lengths = p.mask, p.lengths
     cut = lambda x, rows, L: None if x is None else x[rows, :L - 1]  # noqa: E731
 
     # ============================================================ loss / step
@@ -335,46 +436,41 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
     # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
     train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
-        order = torch.from_numpy(step_rng(cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)).to(lengths.device)
+        order = torch.from_numpy(step_rng(r.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)).to(lengths.device)
         for mb in torch.tensor_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.
-            mb = mb[micro_batch_order(lengths[mb], None if p["groups"] is None else p["groups"][mb])]
-            for rows in torch.tensor_split(mb, cfg.train.grad_accum):
+            mb = mb[micro_batch_order(lengths[mb], None if p.groups is None else p.groups[mb])]
+            for rows in torch.tensor_split(mb, r.cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
                 weight = 1.0 if len(rows) else 0.0
                 rows = rows if len(rows) else mb[:1]
                 L = int(lengths[rows].max())
-                ids, attn, m_full = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
+                ids, attn, m_full = p.input_ids[rows, :L], p.attention_mask[rows, :L], mask[rows, :L - 1]
                 with torch.set_grad_enabled(train_actor):
                     logits, start = forward_window(actor.forward, ids, attn,
-                                                   prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
+                                                   prefix_len=None if p.prefix_len is None else p.prefix_len[rows])
                     w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
                     m = w(m_full)  # the actor's per-token tensors live in the logits' window
-                    terms = actor_loss_terms(logits, w(ids[:, 1:]), m, w(cut(p["old_logp"], rows, L)),
-                                             w(p["advantages"][rows, :L - 1]), w(cut(p["ref_logp"], rows, L)),
-                                             clip_low=algo.clip_low, clip_high=algo.clip_high, agg=algo.loss_agg,
-                                             kl_estimator=algo.kl_estimator)
-                loss = terms["pg"]
-                if algo.entropy_coef:  # actor/entropy is logged either way
-                    loss = loss - algo.entropy_coef * terms["entropy"]
-                if reference is not None and algo.kl_placement == "in_loss":
-                    loss = loss + algo.kl_coef * terms["kl"]
+                    logp = logp_from_logits(logits, w(ids[:, 1:]))
+                    entropy_tok = entropy_from_logits(logits)
+                    terms = actor_terms(obj, logp, entropy_tok, m, w(cut(p.old_logp, rows, L)),
+                                        w(p.advantages[rows, :L - 1]), w(cut(p.ref_logp, rows, L)), scale=scale)
                 if train_actor:
-                    actor.backward(loss * loss_scale * weight)
+                    actor.backward(terms["loss"] * weight)
                     actor.step()
-                if epoch == 0 and weight and p["old_logp"] is None:
-                    ent_sum += float((terms["entropy_tok"] * m).sum())
-                    if reference is not None:
-                        kl_tok = kl_penalty(terms["logp"], w(p["ref_logp"][rows, :L - 1]), estimator=algo.kl_estimator)
+                if epoch == 0 and weight and p.old_logp is None:
+                    ent_sum += float((entropy_tok.detach() * m).sum())
+                    if obj.uses_reference:
+                        kl_tok = kl_penalty(logp.detach(), w(p.ref_logp[rows, :L - 1]), estimator=algo.kl_estimator)
                         kl_sum += float((kl_tok * m).sum())
                     n_tok += float(m.sum())
-                for k in ("pg", "clipfrac", "approx_kl"):
+                for k in ("pg", "clipfrac", "clipfrac_lower", "approx_kl"):
                     logs.setdefault({"pg": "actor/pg_loss"}.get(k, f"actor/{k}"), []).append(float(terms[k].detach()))
                 if critic is not None:
                     values = critic.forward(input_ids=ids, attention_mask=attn).logits[:, :-1, 0].float()
-                    vloss, vstats = value_loss(values, p["old_values"][rows, :L - 1], p["returns"][rows, :L - 1], m_full,
+                    vloss, vstats = value_loss(values, p.old_values[rows, :L - 1], p.returns[rows, :L - 1], m_full,
                                                clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * weight)
                     critic.step()
@@ -384,14 +480,14 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
 
     # ============================================================ metrics
     out = {k: float(np.mean(v)) for k, v in logs.items()}
-    if p["old_logp"] is not None:
-        out["actor/entropy"] = float(aggregate(p["old_entropy"], mask, mode="token-mean"))
-        kl = (kl_penalty(p["old_logp"], p["ref_logp"], estimator=algo.kl_estimator)
-              if reference is not None else None)
+    if p.old_logp is not None:
+        out["actor/entropy"] = float(aggregate(p.old_entropy, mask, mode="token-mean"))
+        kl = (kl_penalty(p.old_logp, p.ref_logp, estimator=algo.kl_estimator)
+              if obj.uses_reference else None)
         out["actor/kl"] = float(aggregate(kl, mask, mode="token-mean")) if kl is not None else float("nan")
     else:
         out["actor/entropy"] = ent_sum / max(n_tok, 1.0)
-        out["actor/kl"] = kl_sum / max(n_tok, 1.0) if reference is not None else float("nan")
+        out["actor/kl"] = kl_sum / max(n_tok, 1.0) if obj.uses_reference else float("nan")
     out["actor/lr"] = actor.lr()
     if critic is None:
         out |= {"critic/value_loss": float("nan"), "critic/vf_clipfrac": float("nan")}

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from ragen2_core.algo.schedules import keep_value
+from ragen2_core.algo.schedules import filter_value
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
 from tiny import cfg_for
@@ -32,21 +32,42 @@ def test_collapse_metrics_on_the_configured_cadence(tmp_path, cache):
     assert m["collapse/mi_upper_bound"] == pytest.approx(math.log(2))
     assert m["collapse/mi"] <= math.log(2) + 1e-9
     assert m["collapse/retrieval_chance"] == 0.5 and 0 <= m["collapse/retrieval_acc"] <= 1
-    assert m["collapse/mi_zscore_ema"] == m["collapse/mi_zscore"]  # the EMA starts at the first value
+    # The EMAs start at the first value.
+    assert m["collapse/mi_perm_zscore_ema"] == m["collapse/mi_perm_zscore"]
+    assert m["collapse/marginal_std_ema"] == m["collapse/marginal_std"]
+    assert m["collapse/mi_zscore_ema"] == pytest.approx(m["collapse/mi_zscore"])
     third = sink.metrics[2][1]
-    assert third["collapse/mi_zscore_ema"] == pytest.approx(0.9 * m["collapse/mi_zscore"] + 0.1 * third["collapse/mi_zscore"])
+    assert third["collapse/mi_perm_zscore_ema"] == pytest.approx(
+        0.9 * m["collapse/mi_perm_zscore"] + 0.1 * third["collapse/mi_perm_zscore"])
+    # The release's EMA z-score divides this step's MI gap by an EMA of the marginal std.
+    ema_std = 0.9 * m["collapse/marginal_std"] + 0.1 * third["collapse/marginal_std"]
+    assert third["collapse/marginal_std_ema"] == pytest.approx(ema_std)
+    gap = third["collapse/mi_zscore"] * (third["collapse/marginal_std"] + 1e-3)
+    assert third["collapse/mi_zscore_ema"] == pytest.approx(gap / (ema_std + 1e-3))
     assert m["time/collapse_s"] > 0
     lines = [json.loads(x) for x in (tmp_path / "rollouts.jsonl").read_text().splitlines()]
     assert sorted({x["step"] for x in lines}) == [1, 3] and len(lines) == 2 * 6
 
 
 def test_filter_preset_and_keep_schedule(tmp_path, cache):
-    sink, _ = train(tmp_path, cache, "train.steps=3", "filter=paper", "filter.schedule.kind=linear",
-                    "filter.schedule.start=1.0", "filter.schedule.end=0.5", "collapse.every=0")
-    targets = [m["filter/keep_target"] for _, m in sink.metrics]
-    # linear over 3 steps from 1.0 to 0.5: t = 0, 1/3, 2/3
-    assert targets == pytest.approx([1.0, 1.0 - 0.5 / 3, 1.0 - 1.0 / 3])
-    assert targets == pytest.approx([keep_value(s, total_steps=3, kind="linear", start=1.0, end=0.5) for s in range(3)])
+    sink, _ = train(tmp_path, cache, "train.steps=3", "filter=paper", "filter.value=1.0", "filter.schedule.kind=linear",
+                    "filter.schedule.end=0.5", "collapse.every=0")
+    values = [m["filter/value"] for _, m in sink.metrics]
+    # linear over 3 steps from filter.value 1.0 to 0.5: t = 0, 1/3, 2/3
+    assert values == pytest.approx([1.0, 1.0 - 0.5 / 3, 1.0 - 1.0 / 3])
+    assert values == pytest.approx([filter_value(s, total_steps=3, kind="linear", start=1.0, end=0.5) for s in range(3)])
+
+
+def test_empty_filter_skips_the_update_and_stops_after_patience(tmp_path, cache):
+    # The tiny policy's rewards tie within every group (all zero spread), so linear top_p 0.9 has a
+    # threshold 0.9 * 0 - 0.01 < 0 and keeps nothing: no update runs, and the release's stop fires
+    # after `empty_filter_patience` empty steps in a row.
+    sink, result = train(tmp_path, cache, "train.steps=4", "collapse.every=0", "filter.value=0.9",
+                         "filter.mode=linear", "stops.empty_filter_patience=2", "train.eval_every=0")
+    assert [m["filter/kept_groups"] for _, m in sink.metrics] == [0, 0]
+    assert [m["filter/empty_streak"] for _, m in sink.metrics] == [1, 2]
+    assert all("actor/pg_loss" not in m and m["cost/kept_tokens"] == 0 for _, m in sink.metrics)
+    assert result["stop_reason"] == "empty_filter" and result["steps_done"] == 2
 
 
 def test_zero_task_advantage_leaves_only_the_regulariser(tmp_path, cache):
@@ -115,6 +136,10 @@ def test_template_collapse_alert_can_stop_the_run(tmp_path, cache):
     # A threshold no z-score reaches fires on the first measurement with patience 1.
     _, result = train(tmp_path, cache, "train.steps=4", "collapse.every=1", "stops.mi_alert_zscore=1e9",
                       "stops.mi_alert_patience=1", "stops.mi_alert_action=stop")
+    assert result["stop_reason"] == "template_collapse" and result["steps_done"] == 1
+    # The same on the release's z-score EMA.
+    _, result = train(tmp_path / "release", cache, "train.steps=4", "collapse.every=1", "stops.mi_alert_zscore=1e9",
+                      "stops.mi_alert_patience=1", "stops.mi_alert_action=stop", "stops.mi_alert_metric=mi_zscore_ema")
     assert result["stop_reason"] == "template_collapse" and result["steps_done"] == 1
 
 

@@ -68,7 +68,7 @@ def test_resume_continues_the_same_history(tmp_path, cache):
     rest = MemorySink()
     run(cfg_for(tmp_path / "cut", cache, "train.steps=4", "train.checkpoint_every=2", "train.resume=true", *diag), rest)
     assert [s for s, _ in rest.metrics] == [3, 4]
-    assert "collapse/mi_zscore_ema" in rest.metrics[0][1]
+    assert "collapse/mi_zscore_ema" in rest.metrics[0][1] and "collapse/mi_perm_zscore_ema" in rest.metrics[0][1]
     same(metrics_by_step(full), metrics_by_step(first) + metrics_by_step(rest))
 
 

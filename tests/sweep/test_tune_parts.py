@@ -26,12 +26,12 @@ def test_sink_keeps_texts_tags_and_artifacts_for_the_driver(tmp_path):
 
 
 def test_collapse_stopper_needs_consecutive_low_measurements():
-    stop = CollapseStopper("collapse/mi_zscore_ema", below=2.0, patience=2)
-    seen = [stop("t", r) for r in ({"collapse/mi_zscore_ema": 1.0}, {"rollout/success": 0.1},
-                                   {"collapse/mi_zscore_ema": 3.0}, {"collapse/mi_zscore_ema": 1.5},
-                                   {"collapse/mi_zscore_ema": 1.9})]
+    stop = CollapseStopper("collapse/mi_perm_zscore_ema", below=2.0, patience=2)
+    seen = [stop("t", r) for r in ({"collapse/mi_perm_zscore_ema": 1.0}, {"rollout/success": 0.1},
+                                   {"collapse/mi_perm_zscore_ema": 3.0}, {"collapse/mi_perm_zscore_ema": 1.5},
+                                   {"collapse/mi_perm_zscore_ema": 1.9})]
     assert seen == [False, False, False, False, True]
-    assert not stop("other", {"collapse/mi_zscore_ema": 0.0}) and not stop.stop_all()
+    assert not stop("other", {"collapse/mi_perm_zscore_ema": 0.0}) and not stop.stop_all()
 
 
 def test_summary_groups_over_seeds(tmp_path):

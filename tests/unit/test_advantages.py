@@ -9,6 +9,7 @@ from ragen2_core.algo.advantages import (
     gae_advantages,
     group_advantages,
     grpo_advantages,
+    whiten,
 )
 
 R2 = 1 / math.sqrt(2)  # 0.70711
@@ -140,3 +141,22 @@ def test_broadcast_to_tokens():
     out = broadcast_to_tokens(torch.tensor([2.0, -1.0]), mask)
     assert out.shape == (2, 3)
     assert close(out, [[2.0, 2.0, 0.0], [0.0, -1.0, -1.0]])
+
+
+def test_whiten_unbiased_and_population():
+    # x = [1, 2, 3, 6] all masked: mean 3, deviations [-2, -1, 0, 3], sum of squares 14
+    # unbiased var 14 / 3 = 4.66667 (veRL) -> [-2, -1, 0, 3] / 2.16025 = [-.92582, -.46291, 0, 1.38873]
+    # population var 14 / 4 = 3.5 -> / 1.87083 = [-1.06904, -.53452, 0, 1.60357]
+    x = torch.tensor([[1.0, 2.0], [3.0, 6.0]])
+    mask = torch.ones(2, 2)
+    assert torch.allclose(whiten(x, mask), torch.tensor([[-0.92582, -0.46291], [0.0, 1.38873]]), atol=1e-5)
+    assert torch.allclose(whiten(x, mask, unbiased=False), torch.tensor([[-1.06904, -0.53452], [0.0, 1.60357]]),
+                          atol=1e-5)
+    # Masked-out entries neither count nor survive: [1, 2, 3, (100)] -> mean 2, unbiased var 1 -> [-1, 0, 1, 0]
+    x = torch.tensor([[1.0, 2.0], [3.0, 100.0]])
+    m = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    assert torch.allclose(whiten(x, m), torch.tensor([[-1.0, 0.0], [1.0, 0.0]]), atol=1e-5)
+    # A single masked entry: variance taken as 0, the entry becomes 0 (never NaN); no entry: all zeros.
+    one = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    assert whiten(x, one).tolist() == [[0.0, 0.0], [0.0, 0.0]]
+    assert whiten(x, torch.zeros(2, 2)).tolist() == [[0.0, 0.0], [0.0, 0.0]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ragen2_core.metrics.collapse import (
-    collapse_metrics, ema_update, mi_from_scores, mi_zscore, permutation_null,
+    collapse_metrics, ema_state, ema_update, mi_from_scores, mi_zscore, permutation_null, release_zscores,
 )
 
 
@@ -243,9 +243,11 @@ def test_collapse_metrics_keys_and_consistency():
     lengths = torch.randint(1, 20, (6, 3), generator=g)
     m = collapse_metrics(s, lengths=lengths, n_perm=16, seed=0)
     expected = {
-        "mi", "mi_per_token", "mi_upper_bound", "mi_zscore", "mi_zscore_per_token",
-        "retrieval_acc", "retrieval_chance", "cond_entropy", "marginal_entropy",
-        "cond_entropy_per_token", "marginal_entropy_per_token",
+        "mi", "mi_per_token", "mi_upper_bound", "retrieval_acc", "retrieval_chance", "cond_entropy",
+        "marginal_entropy", "cond_entropy_per_token", "marginal_entropy_per_token",
+        "mi_zscore", "mi_zscore_seq", "marginal_std", "marginal_std_seq", "marginal_std_ema",
+        "marginal_std_ema_seq", "mi_zscore_ema", "mi_zscore_ema_seq",
+        "mi_perm_zscore", "mi_perm_zscore_per_token", "mi_perm_zscore_ema",
     }
     assert set(m) == expected
     assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
@@ -254,9 +256,87 @@ def test_collapse_metrics_keys_and_consistency():
     assert m["mi"] == seq["mi"] and m["mi_per_token"] == tok["mi"]
     assert m["cond_entropy_per_token"] == tok["cond_entropy"]
     assert m["marginal_entropy_per_token"] == tok["marginal_entropy"]
-    assert m["mi_zscore"] == mi_zscore(s, n_perm=16, seed=0)["zscore"]
+    assert m["mi_perm_zscore"] == mi_zscore(s, n_perm=16, seed=0)["zscore"]
+    # The EMAs start at the first value: the EMA z-score equals the z-score at the first measurement.
+    assert m["mi_perm_zscore_ema"] == m["mi_perm_zscore"]
+    assert m["marginal_std_ema"] == m["marginal_std"] and m["mi_zscore_ema"] == pytest.approx(m["mi_zscore"])
+    assert m["mi_zscore_ema_seq"] == pytest.approx(m["mi_zscore_seq"])
+    # Per-token MI over non-empty samples (all are here) is the release z-score's numerator.
+    assert m["mi_zscore"] == pytest.approx(tok["mi"] / (m["marginal_std"] + 1e-3))
     # Dividing a row by a positive length does not move its argmax.
     assert tok["retrieval_acc"] == m["retrieval_acc"]
+
+
+# ---------------------------------------------------------------- the release's z-score
+
+def test_release_zscore_by_hand():
+    # N = 2, K = 1, lengths 1 (per-token = per-sequence). Scores (row = sample, col = prompt):
+    #   z_0: [-1, -3], z_1: [-2, -2]
+    # matched  = [-1, -2]
+    # marginal = logsumexp(row) - log 2: z_0: log((e^-1 + e^-3) / 2) = -1 + log((1 + e^-2) / 2)
+    #            = -1 + log(0.567668) = -1.566219; z_1: log((e^-2 + e^-2) / 2) = -2
+    # gaps = [0.566219, 0]; mean gap 0.283110
+    # population std of marginals [-1.566219, -2]: |difference| / 2 = 0.216891
+    # mi_zscore = 0.283110 / (0.216891 + 0.001) = 1.299314
+    s = torch.tensor([[[-1.0, -3.0]], [[-2.0, -2.0]]])
+    lengths = torch.tensor([[1], [1]])
+    z = release_zscores(s, lengths=lengths)
+    assert z["marginal_std"] == pytest.approx(0.216891, abs=1e-6)
+    assert z["mi_gap"] == pytest.approx(0.283110, abs=1e-6)
+    assert z["mi_zscore"] == pytest.approx(1.299314, abs=1e-5)
+    assert z["mi_zscore_seq"] == pytest.approx(z["mi_zscore"])  # lengths 1
+    # Lengths [4, 1]: per-token z_0 scores are [-0.25, -0.75] -> marginal -0.25 + log((1 + e^-0.5)/2)
+    # = -0.25 + log(0.803265) = -0.25 - 0.219064 = -0.469064, gap 0.219064; z_1 unchanged (gap 0, marginal -2).
+    # mean gap 0.109532; std |-0.469064 + 2| / 2 = 0.765468; z = 0.109532 / 0.766468 = 0.142905
+    z = release_zscores(s, lengths=torch.tensor([[4], [1]]))
+    assert z["mi_zscore"] == pytest.approx(0.142905, abs=1e-5)
+    assert z["mi_zscore_seq"] == pytest.approx(1.299314, abs=1e-5)  # sums are the raw scores
+
+
+def test_release_zscore_skips_empty_reasonings():
+    # A third sample with an empty reasoning (length 0, scores 0) is left out, as the release does:
+    # the statistics equal those of the first two samples alone.
+    s = torch.tensor([[[-1.0, -3.0], [0.0, 0.0]], [[-2.0, -2.0], [-2.0, -2.0]]])
+    lengths = torch.tensor([[1, 0], [1, 1]])
+    z = release_zscores(s, lengths=lengths)
+    # samples: z_00 (gap .566219, marginal -1.566219), z_10 and z_11 (gap 0, marginal -2)
+    # mean gap .188740; population std of [-1.566219, -2, -2]: mean -1.855406,
+    # deviations [.289187, -.144594, -.144594], var (.083629 + .020907 + .020907) / 3 = .041814, std .204485
+    assert z["mi_gap"] == pytest.approx(0.188740, abs=1e-6)
+    assert z["marginal_std"] == pytest.approx(0.204485, abs=1e-5)
+    assert z["mi_zscore"] == pytest.approx(0.188740 / 0.205485, abs=1e-5)
+    none = release_zscores(torch.zeros(2, 1, 2), lengths=torch.zeros(2, 1, dtype=torch.long))
+    assert math.isnan(none["mi_zscore"]) and math.isnan(none["marginal_std"])
+
+
+def test_release_zscore_edge_cases():
+    # Input-independent samples: every column equal -> gaps 0 -> z = 0 whatever the std.
+    s = torch.tensor([[[-1.0, -1.0]], [[-4.0, -4.0]]])
+    assert release_zscores(s, lengths=torch.ones(2, 1))["mi_zscore"] == 0.0
+    # One-to-one mapping: matched 0, others -1e4 -> gap log 2 per sample; marginals both -log 2 -> std 0,
+    # so z = log 2 / 1e-3 (the eps is the whole denominator).
+    s = one_to_one_scores(n=2, k=1)
+    z = release_zscores(s, lengths=torch.ones(2, 1))
+    assert z["marginal_std"] == 0.0
+    assert z["mi_zscore"] == pytest.approx(math.log(2) / 1e-3)
+
+
+def test_release_zscore_ema_divides_by_an_ema_of_the_std():
+    # Two measurements. First: the by-hand batch above (std .216891, gap .283110). Second: the same
+    # scores doubled -> marginals of 2x: z_0 -2 + log((1 + e^-4)/2) = -2.684135, z_1 -4; gap .658 ...
+    s1 = torch.tensor([[[-1.0, -3.0]], [[-2.0, -2.0]]])
+    s2 = 2 * s1
+    ones = torch.ones(2, 1, dtype=torch.long)
+    m1 = collapse_metrics(s1, lengths=ones, n_perm=4, seed=0)
+    m2 = collapse_metrics(s2, lengths=ones, n_perm=4, seed=0, ema=ema_state(m1), ema_decay=0.9)
+    r2 = release_zscores(s2, lengths=ones)
+    # EMA std = 0.9 * std1 + 0.1 * std2; the EMA z-score is this step's mean gap over it (+ eps).
+    ema_std = 0.9 * m1["marginal_std"] + 0.1 * r2["marginal_std"]
+    assert m2["marginal_std_ema"] == pytest.approx(ema_std)
+    assert m2["mi_zscore_ema"] == pytest.approx(r2["mi_gap"] / (ema_std + 1e-3))
+    # ... which is not the EMA of the z-scores.
+    assert m2["mi_zscore_ema"] != pytest.approx(0.9 * m1["mi_zscore"] + 0.1 * m2["mi_zscore"])
+    assert m2["mi_perm_zscore_ema"] == pytest.approx(0.9 * m1["mi_perm_zscore"] + 0.1 * m2["mi_perm_zscore"])
 
 
 def test_accepts_numpy_and_ignores_grad():

@@ -243,10 +243,19 @@ def test_filter_schedule_checks():
         load_config(None, ["filter.schedule.kind=linear"])
     assert "filter.schedule.end is null but kind is linear" in str(e.value)
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["filter.schedule.kind=cosine", "filter.schedule.start=1.0", "filter.schedule.end=1.5"])
+        load_config(None, ["filter.schedule.kind=cosine", "filter.value=1.0", "filter.schedule.end=1.5"])
     assert "filter.schedule.end (1.5) must be in (0, 1]" in str(e.value)
-    cfg = load_config(None, ["filter.schedule.kind=exp", "filter.schedule.end=0.5"])
-    assert cfg.filter.schedule.start is None  # falls back to filter.value
+    # The schedule starts at filter.value: there is no second name for the start.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.schedule.start=1.0"])
+    assert "unknown key 'filter.schedule.start'" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.schedule.end=0.5"])
+    assert "filter.schedule.end (0.5) is set but kind is const" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["filter.schedule.kind=linear", "filter.schedule.end=0.5", "filter.schedule.warmup_steps=20",
+                           "train.steps=10"])
+    assert "filter.schedule.warmup_steps (20) exceeds train.steps (10)" in str(e.value)
 
 
 def test_cross_section_checks():
@@ -257,6 +266,25 @@ def test_cross_section_checks():
     with pytest.raises(ConfigError) as e:
         load_config(None, ["grad_probe.every=5", "train.zero_stage=3"])
     assert "grad_probe.every needs whole parameters" in str(e.value)
+
+
+def test_group_relative_advantages_need_groups():
+    # GRPO / Dr.GRPO with one rollout per group would make every advantage exactly 0.
+    for adv in ("grpo", "drgrpo"):
+        with pytest.raises(ConfigError) as e:
+            load_config(None, [f"algo.advantage={adv}", "rollout.group_size=1"])
+        assert f"algo.advantage={adv} compares rollouts within a group, but rollout.group_size is 1" in str(e.value)
+        assert "rollout.group_size >= 2" in str(e.value) and "algo.advantage=gae" in str(e.value)
+    load_config(None, ["algo.advantage=gae", "rollout.group_size=1"])
+
+
+def test_objective_fields():
+    cfg = load_config(None)
+    assert cfg.algo.clip_ratio_c == 3.0 and cfg.algo.kl_estimator == "k3" and cfg.filter.loss_scale_on == "task"
+    assert load_config(None, ["algo.clip_ratio_c=null"]).algo.clip_ratio_c is None
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["algo.clip_ratio_c=1.0"])
+    assert "algo.clip_ratio_c: 1.0 is out of range; it must be > 1" in str(e.value)
 
 
 def test_config_error_survives_pickling():

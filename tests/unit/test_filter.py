@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, select_groups, soft_group_weights
+from ragen2_core.algo.filter import (group_reward_stats, loss_scale_factor, select_groups, soft_group_weights,
+                                     zero_spread)
 
 
 def rows_with_std(stds):
@@ -23,8 +24,8 @@ SCORES = rows_with_std([1.0, 4.0, 0.0, 3.0, 2.0])
 def test_group_reward_stats():
     # [0, 1]: mean .5, var = (.25 + .25) / 1 = .5, std .70711; [1, 1]: 0; [0, 2]: var (1 + 1) / 1 = 2
     r = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 2.0]])
-    assert torch.allclose(group_reward_stats(r, statistic="var"), torch.tensor([0.5, 0.0, 2.0]))
-    assert torch.allclose(group_reward_stats(r, statistic="std"), torch.tensor([0.70711, 0.0, 1.41421]), atol=1e-5)
+    assert torch.allclose(group_reward_stats(r, statistic="var"), torch.tensor([0.5, 0.0, 2.0], dtype=torch.float64))
+    assert torch.allclose(group_reward_stats(r, statistic="std"), torch.tensor([0.70711, 0.0, 1.41421], dtype=torch.float64), atol=1e-5)
     # Group size 1 -> 0, not NaN
     assert (group_reward_stats(torch.tensor([[3.0], [5.0]]), statistic="std") == 0).all()
     with pytest.raises(ValueError):
@@ -63,28 +64,70 @@ def test_top_p_one_is_no_filter():
 
 def test_all_zero_spread():
     flat = torch.ones(3, 4)
-    for value in (0.5, 0.9, 1.0):
-        for mode in ("linear", "softmax"):
-            assert select_groups(flat, strategy="top_p", value=value, mode=mode).all()
+    # top_p 1.0 keeps everything in both modes; include_zero=False drops every group.
+    for mode in ("linear", "softmax"):
+        assert select_groups(flat, strategy="top_p", value=1.0, mode=mode).all()
+        for value in (0.5, 0.9, 1.0):
             assert not select_groups(flat, strategy="top_p", value=value, mode=mode, include_zero=False).any()
+    # Linear below 1: total 0, threshold 0.9 * 0 - 0.01 < 0 is met by the empty prefix -> nothing kept
+    # (the release's empty filter).
+    for value in (0.5, 0.9):
+        assert not select_groups(flat, strategy="top_p", value=value, mode="linear").any()
+    # Softmax over three zeros is uniform [1/3, 1/3, 1/3], cum [.333, .667, 1]: 0.5 -> 2 groups, 0.9 -> 3
+    assert kept(select_groups(flat, strategy="top_p", value=0.5, mode="softmax")) == [0, 1]
+    assert kept(select_groups(flat, strategy="top_p", value=0.9, mode="softmax")) == [0, 1, 2]
     # Group size 1: every score is 0, same outcome
     single = torch.tensor([[1.0], [2.0], [3.0]])
-    assert select_groups(single, strategy="top_p", value=0.9).all()
+    assert select_groups(single, strategy="top_p", value=1.0).all()
+    assert not select_groups(single, strategy="top_p", value=0.9).any()
     assert not select_groups(single, strategy="top_p", value=0.9, include_zero=False).any()
+
+
+def test_linear_top_p_empty_when_threshold_not_positive():
+    # [[0, 0.01], [1, 1], [0, 0]]: stds [0.00707, 0, 0], total 0.00707; 0.9 * 0.00707 - 0.01 = -0.0036 <= 0
+    # -> nothing kept (the release returns an empty selection here).
+    r = torch.tensor([[0.0, 0.01], [1.0, 1.0], [0.0, 0.0]])
+    assert not select_groups(r, strategy="top_p", value=0.9, mode="linear").any()
+    # Spread 1 instead: stds [0.7071, 0, 0], threshold 0.9 * 0.7071 - 0.01 = 0.626 -> group 0 alone.
+    r = torch.tensor([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0]])
+    assert kept(select_groups(r, strategy="top_p", value=0.9, mode="linear")) == [0]
+
+
+def test_zero_spread_is_exact_on_float32_rewards():
+    # float32 [0.9] * 8 and [10.7] * 8 have computed stds of ~6e-8 and ~1e-6 (mean round-off), yet
+    # all rewards are equal: zero spread, score exactly 0, dropped by include_zero=False.
+    r = torch.tensor([[0.9] * 8, [10.7] * 8, [0.0] * 7 + [1.0]], dtype=torch.float32)
+    assert zero_spread(r).tolist() == [True, True, False]
+    assert group_reward_stats(r, statistic="std")[:2].tolist() == [0.0, 0.0]
+    # the last group: mean 1/8, var = (7 * (1/8)^2 + (7/8)^2) / 7 = (7/64 + 49/64) / 7 = 1/8, std 0.35355
+    assert group_reward_stats(r, statistic="std")[2].item() == pytest.approx(0.35355, abs=1e-5)
+    assert kept(select_groups(r, strategy="top_p", value=1.0, include_zero=False)) == [2]
+    assert kept(select_groups(r, strategy="top_k_abs", value=3, include_zero=False)) == [2]
 
 
 def test_top_p_softmax():
     # scores [0, ln 2, ln 5] -> softmax = [1, 2, 5] / 8 = [.125, .25, .625]
-    # descending: idx 2 (.625), idx 1 (cum .875), idx 0 (cum 1.0)
+    # descending: idx 2 (.625), idx 1 (cum .875), idx 0 (cum 1.0); no eps in softmax mode
     rewards = rows_with_std([0.0, math.log(2.0), math.log(5.0)])
     sel = lambda v, **kw: kept(select_groups(rewards, strategy="top_p", value=v, mode="softmax", **kw))  # noqa: E731
-    assert sel(0.6) == [2]  # threshold .59 reached by .625
-    assert sel(0.8) == [1, 2]  # threshold .79 reached by .875
-    assert sel(0.88) == [1, 2]  # threshold .87 <= .875 thanks to eps
-    assert sel(0.9) == [0, 1, 2]  # threshold .89 > .875
+    assert sel(0.6) == [2]  # .625 >= .6
+    assert sel(0.625) == [2]  # reached exactly
+    assert sel(0.8) == [1, 2]  # .875 >= .8
+    assert sel(0.875) == [1, 2]
+    assert sel(0.88) == [0, 1, 2]  # .875 < .88 (an eps of 0.01 would have stopped at 2 groups)
     # include_zero=False: softmax over [ln 2, ln 5] only = [2, 5] / 7 = [.2857, .7143]
-    assert sel(0.7, include_zero=False) == [2]  # threshold .69
-    assert sel(0.8, include_zero=False) == [1, 2]
+    assert sel(0.7, include_zero=False) == [2]
+    assert sel(0.72, include_zero=False) == [1, 2]
+
+
+def test_paper_preset_softmax_keeps_what_the_release_keeps():
+    # [-2.53, 1.73, 1.28, 1.96]: mean .61, squared deviations 9.8596 + 1.2544 + .4489 + 1.8225 = 13.3854,
+    # var 13.3854 / 3 = 4.4618, std 2.11229; [-1.48] * 4: std 0.
+    # softmax([2.11229, 0]) = [e^2.11229, 1] / (e^2.11229 + 1) = [8.2674, 1] / 9.2674 = [.89210, .10790]
+    # cum .89210 < 0.9 -> both groups (an eps of 0.01 would have stopped at .89 with one).
+    r = torch.tensor([[-2.53, 1.73, 1.28, 1.96], [-1.48] * 4])
+    assert select_groups(r, strategy="top_p", value=0.9, mode="softmax").tolist() == [True, True]
+    assert kept(select_groups(r, strategy="top_p", value=0.89, mode="softmax")) == [0]
 
 
 def test_statistic_changes_selection():
@@ -104,14 +147,16 @@ def test_ties_broken_by_lower_index():
     assert kept(select_groups(rewards, strategy="top_p", value=0.5)) == [0, 1]
 
 
-def test_top_k_fraction_round_half_up():
+def test_top_k_fraction_truncates():
     rewards = rows_with_std([1.0, 4.0, 3.0, 2.0])  # order idx 1, 2, 3, 0
-    # G = 4: 0.5 -> 2; 0.375 -> 1.5 -> 2; 0.3 -> 1.2 -> 1; 0.1 -> 0.4 -> 0 -> at least 1; 1.0 -> 4
+    # G = 4, k = int(value * 4): 0.5 -> 2; 0.75 -> 3; 0.375 -> int(1.5) = 1; 0.1 -> 0 -> at least 1; 1.0 -> 4
     assert kept(select_groups(rewards, strategy="top_k", value=0.5)) == [1, 2]
-    assert kept(select_groups(rewards, strategy="top_k", value=0.375)) == [1, 2]
-    assert kept(select_groups(rewards, strategy="top_k", value=0.3)) == [1]
+    assert kept(select_groups(rewards, strategy="top_k", value=0.75)) == [1, 2, 3]
+    assert kept(select_groups(rewards, strategy="top_k", value=0.375)) == [1]
     assert kept(select_groups(rewards, strategy="top_k", value=0.1)) == [1]
     assert select_groups(rewards, strategy="top_k", value=1.0).all()
+    # G = 2 at 0.75: int(1.5) = 1 group, as the release (rounding half up would keep 2)
+    assert kept(select_groups(rows_with_std([1.0, 2.0]), strategy="top_k", value=0.75)) == [1]
     # With a zero-spread group removed only 4 candidates of G = 5 remain: 1.0 * 5 = 5 -> capped at 4
     assert kept(select_groups(SCORES, strategy="top_k", value=1.0, include_zero=False)) == [0, 1, 3, 4]
 

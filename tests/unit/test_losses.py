@@ -94,7 +94,56 @@ def test_policy_loss_on_policy_is_minus_mean_advantage():
     assert close(stats["ratio_mean"], 1.0)
 
 
+def test_dual_clip_caps_negative_advantage_tokens():
+    # A = -1, r = 4 (logp - old = ln 4): clipped branch -A * clip(4, .8, 1.28) = 1.28, unclipped -A * 4 = 4,
+    # PPO max = 4; dual clip c = 3 caps it at c * |A| = 3, with zero gradient (the cap does not depend on logp).
+    # Without dual clip: loss 4, d loss / d logp = -A * r = 4.
+    # A = +1, r = 4: max(-4, -1.28) = -1.28 either way (dual clip only touches A < 0).
+    logp = torch.tensor([[math.log(4.0), math.log(4.0)]], requires_grad=True)
+    old = torch.zeros(1, 2)
+    adv = torch.tensor([[-1.0, 1.0]])
+    mask = torch.ones(1, 2)
+    kw = dict(clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum")
+    loss, stats = policy_loss(logp, old, adv, mask, clip_ratio_c=3.0, **kw)
+    assert close(loss, 3.0 - 1.28) and close(stats["clipfrac_lower"], 0.5)
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert close(grad, [[0.0, 0.0]])
+    loss, stats = policy_loss(logp, old, adv, mask, clip_ratio_c=None, **kw)
+    assert close(loss, 4.0 - 1.28) and stats["clipfrac_lower"].item() == 0.0
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert close(grad, [[4.0, 0.0]])
+    # r = 2 < c: the cap 3 is above PPO's loss 2, nothing changes.
+    loss, _ = policy_loss(torch.tensor([[math.log(2.0)]]), torch.zeros(1, 1), torch.tensor([[-1.0]]), torch.ones(1, 1),
+                          clip_ratio_c=3.0, **kw)
+    assert close(loss, 2.0)
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        policy_loss(logp, old, adv, mask, clip_ratio_c=1.0, **kw)
+
+
+def test_policy_loss_log_ratio_clamp():
+    # logp - old = 30 is clamped to 20 before exp, as veRL does: r = e^20, finite; approx_kl = -20.
+    _, stats = policy_loss(torch.tensor([[30.0]]), torch.zeros(1, 1), torch.tensor([[1.0]]), torch.ones(1, 1),
+                           clip_low=0.2, clip_high=0.28, agg="token-mean")
+    assert close(stats["ratio_mean"], math.exp(20.0)) and close(stats["approx_kl"], -20.0)
+
+
 # ---------------------------------------------------------------- KL estimators
+def test_k3_is_clamped_like_verl_low_var_kl():
+    # d = logp - ref = -2.7: c = -d = 2.7, e^2.7 - 2.7 - 1 = 14.87973 - 3.7 = 11.17973 -> clamped to 10,
+    # with zero gradient; k3_exact keeps 11.17973 and its gradient d/dlogp (e^-d + d - 1) = 1 - e^-d = -13.87973.
+    # d = -25: c clamps to 20 first, e^20 - 21 -> 10. d = 1: e^-1 + 1 - 1 = 0.36788, inside the bounds.
+    logp = torch.tensor([-2.7, -25.0, 1.0], requires_grad=True)
+    ref = torch.zeros(3)
+    k3 = kl_penalty(logp, ref, estimator="k3")
+    assert close(k3, [10.0, 10.0, 0.36788])
+    (grad,) = torch.autograd.grad(k3.sum(), logp)
+    assert close(grad[:2], [0.0, 0.0])
+    exact = kl_penalty(logp, ref, estimator="k3_exact")
+    assert close(exact[0], 11.17973)
+    (grad,) = torch.autograd.grad(exact[0], logp)
+    assert close(grad[0], -13.87973)
+
+
 def test_kl_hand_values():
     # d = logp - ref = [0, ln2, -ln2]
     # k1 = d                       = [0, 0.69315, -0.69315]
@@ -105,6 +154,7 @@ def test_kl_hand_values():
     assert close(kl_penalty(logp, ref, estimator="k1"), [0.0, 0.69315, -0.69315])
     assert close(kl_penalty(logp, ref, estimator="k2"), [0.0, 0.24023, 0.24023])
     assert close(kl_penalty(logp, ref, estimator="k3"), [0.0, 0.19315, 0.30685])
+    assert close(kl_penalty(logp, ref, estimator="k3_exact"), [0.0, 0.19315, 0.30685])
     with pytest.raises(ValueError):
         kl_penalty(logp, ref, estimator="k4")
 

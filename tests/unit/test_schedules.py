@@ -3,12 +3,12 @@ import math
 
 import pytest
 
-from ragen2_core.algo.schedules import keep_value
+from ragen2_core.algo.schedules import filter_value
 
 
 def kv(step, kind, **kw):
     args = {"total_steps": 10, "kind": kind, "start": 1.0, "end": 0.5, **kw}
-    return keep_value(step, **args)
+    return filter_value(step, **args)
 
 
 def test_constant():
