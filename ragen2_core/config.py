@@ -527,7 +527,8 @@ class FilterConfig:
     value: float = opt(1.0, "top_p mass / top_k fraction / top_k_abs count / min_p ratio", ge=0)
     mode: str = opt("linear", "how group scores become keep weights (top_p only)", choices=["linear", "softmax"])
     statistic: str = opt("std", "per-group reward spread statistic (ddof 1)", choices=["std", "var"])
-    include_zero: bool = opt(True, "let zero-spread groups compete for a place (false drops them first)")
+    include_zero: bool = opt(True, "let zero-spread groups (all rewards exactly equal) compete for a place; "
+                             "false drops them first")
     loss_scale: str = opt("none", "rescale by the kept fraction (linear) or its square root", choices=["none", "linear", "sqrt"])
     loss_scale_on: str = opt("task", "what loss_scale multiplies: the task term, as the release scales the "
                              "advantages, or the whole loss with its KL and entropy terms", choices=["task", "loss"])
@@ -561,7 +562,7 @@ class CollapseConfig:
     every: int = opt(5, "cross-score reasonings for the MI proxy every N steps; 0 = never", ge=0)
     n_prompts: int = opt(8, "prompts (groups) cross-scored: N; capped at rollout.n_groups", ge=2)
     k_samples: int = opt(4, "reasonings per prompt: K; capped at rollout.group_size", ge=1)
-    n_perm: int = opt(32, "prompt permutations for the z-score null", ge=2)
+    n_perm: int = opt(32, "prompt permutations for the null of collapse/mi_perm_zscore", ge=2)
     ema_decay: float = opt(0.9, "decay of the EMAs: the marginal std behind collapse/mi_zscore_ema (the release's) "
                            "and collapse/mi_perm_zscore_ema", ge=0, le=1)
     trajectory: bool = opt(False, "score every turn's reasoning (concatenated) instead of the first turn's")
