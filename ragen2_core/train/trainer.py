@@ -82,6 +82,15 @@ def agree(reason: str | None, world: int) -> str | None:
     return box[0]
 
 
+def total_over_ranks(n: int, world: int) -> int:
+    """Sum of `n` over the data-parallel ranks (each rolls out and filters its own groups)."""
+    if world == 1:
+        return n
+    box = torch.tensor([n], dtype=torch.long)
+    torch.distributed.all_reduce(box)
+    return int(box.item())
+
+
 def build_objective(cfg) -> Objective:
     """The actor objective's numbers from the config; Dr.GRPO's length constant resolved here."""
     algo = cfg.algo
@@ -152,7 +161,8 @@ def run(cfg, sink) -> dict:
         t0 = time.perf_counter()
         sel, filter_metrics = filter_groups(r, step, batch, group_rewards)
         metrics |= filter_metrics
-        reason = r.monitor.after_step(kept_groups=int(sel.keep.sum()),
+        kept_anywhere = total_over_ranks(int(sel.keep.sum()), r.world)
+        reason = r.monitor.after_step(kept_groups=kept_anywhere,
                                       group_reward_std=metrics["rollout/group_reward_std"]) or reason
         metrics["filter/empty_streak"] = r.monitor.empty_streak
 
@@ -162,9 +172,14 @@ def run(cfg, sink) -> dict:
             t0 += metrics["time/grad_probe_s"]  # keep the probe out of the update's cost
 
         # ============================================================ advantage / loss / step
-        # An empty selection skips the update; the stop monitor counts the streak.
+        # An empty selection skips the update; the stop monitor counts the streak. Under data
+        # parallelism a rank whose filter kept nothing still joins the others' gradient all-reduce,
+        # with one group at zero weight, so no rank waits forever.
         if sel.kept_rows:
             metrics |= update(r, batch.select(sel.kept_rows), sel.row_weight[sel.kept_rows], step, sel.scale)
+        elif kept_anywhere:
+            stand_in = [b for b, g in enumerate(batch.group_ids) if g == batch.group_ids[0]]
+            update(r, batch.select(stand_in), sel.row_weight[stand_in], step, sel.scale, weight=0.0)
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ metrics: cost
@@ -417,9 +432,11 @@ def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy:
                          old_entropy=old_entropy, ref_logp=ref_logp, old_values=old_values, returns=returns, **share)
 
 
-def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float) -> dict[str, float]:
+def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float,
+           weight: float = 1.0) -> dict[str, float]:
     """Advantages, then ppo_epochs x mini_batches optimizer steps over the kept rows; `scale` is the
-    filter's loss scale (`algo/objective.py` decides what it multiplies)."""
+    filter's loss scale (`algo/objective.py` decides what it multiplies). `weight` 0 takes part in
+    the steps without contributing (a data-parallel rank with nothing kept)."""
     algo, obj, actor, critic = r.cfg.algo, r.objective, r.actor, r.critic
     # ============================================================ advantage
     on_policy = algo.ppo_epochs == 1 and algo.mini_batches == 1
@@ -444,7 +461,7 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
             for rows in torch.tensor_split(mb, r.cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
-                weight = 1.0 if len(rows) else 0.0
+                mb_weight = weight if len(rows) else 0.0
                 rows = rows if len(rows) else mb[:1]
                 L = int(lengths[rows].max())
                 ids, attn, m_full = p.input_ids[rows, :L], p.attention_mask[rows, :L], mask[rows, :L - 1]
@@ -458,9 +475,9 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                     terms = actor_terms(obj, logp, entropy_tok, m, w(cut(p.old_logp, rows, L)),
                                         w(p.advantages[rows, :L - 1]), w(cut(p.ref_logp, rows, L)), scale=scale)
                 if train_actor:
-                    actor.backward(terms["loss"] * weight)
+                    actor.backward(terms["loss"] * mb_weight)
                     actor.step()
-                if epoch == 0 and weight and p.old_logp is None:
+                if epoch == 0 and mb_weight and p.old_logp is None:
                     ent_sum += float((entropy_tok.detach() * m).sum())
                     if obj.uses_reference:
                         kl_tok = kl_penalty(logp.detach(), w(p.ref_logp[rows, :L - 1]), estimator=algo.kl_estimator)
@@ -472,7 +489,7 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                     values = critic.forward(input_ids=ids, attention_mask=attn).logits[:, :-1, 0].float()
                     vloss, vstats = value_loss(values, p.old_values[rows, :L - 1], p.returns[rows, :L - 1], m_full,
                                                clip=algo.value_clip, agg=algo.loss_agg)
-                    critic.backward(vloss * weight)
+                    critic.backward(vloss * mb_weight)
                     critic.step()
                     logs.setdefault("critic/value_loss", []).append(float(vloss.detach()))
                     logs.setdefault("critic/vf_clipfrac", []).append(float(vstats["vf_clipfrac"]))

@@ -25,7 +25,7 @@ def test_cell_changes_and_pooled_rho(tmp_path, capsys):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2] == "3" and cells[3].startswith("0.600 [")
     assert cells[4] == "–"  # the fixture logs no eval/template_frac
-    assert cells[5].startswith("0.938 [") and cells[7].startswith("0.000")
+    assert cells[5].startswith("0.938 [") and cells[8].startswith("0.000")  # 6, 7: the z-score EMAs
     # MI rises with success in the fixture, entropy falls with it
     mi = next(line for line in out.splitlines() if line.startswith("| `collapse/mi` |"))
     ent = next(line for line in out.splitlines() if line.startswith("| `actor/entropy` |"))
