@@ -14,8 +14,7 @@ from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
 from ragen2_core.policy.warmstart import _traces, expert_episode
 
-pytestmark = pytest.mark.skipif(sandbox.isolation_problem() is not None,
-                                reason=f"no sandbox here: {sandbox.isolation_problem()}")
+pytestmark = pytest.mark.usefixtures("sandbox")  # fails loudly where programs cannot be sandboxed
 DEEPCODER = str(Path(__file__).parents[1] / "fixtures" / "deepcoder_small.jsonl")
 VAL = 1_000_000_000
 
