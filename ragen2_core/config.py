@@ -388,8 +388,8 @@ class CodeConfig:
                           gt=0, lt=1)
     timeout_s: float = opt(2.0, "sandbox: wall-clock limit per test, seconds", gt=0, le=60)
     cpu_s: int = opt(1, "sandbox: CPU-time limit per test, whole seconds", ge=1, le=60)
-    memory_mb: int = opt(256, "sandbox: address-space limit per test process, MiB", ge=32)
-    max_procs: int = opt(8, "sandbox: processes/threads the unprivileged sandbox user may have", ge=1, le=256)
+    memory_mb: int = opt(256, "sandbox: memory limit per test, all its processes together (cgroup), MiB", ge=32)
+    max_procs: int = opt(8, "sandbox: processes/threads one test may have (cgroup)", ge=1, le=256)
     max_output_kb: int = opt(64, "sandbox: stdout / written-file cap per test, KiB", ge=1)
 
     def check(self) -> list[str]:
