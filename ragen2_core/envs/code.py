@@ -75,12 +75,10 @@ def generate_problem(rng: random.Random, difficulty: int, n_tests: int) -> CodeP
             expr = c.format(e=f"({expr})" if wrap else expr, a=a)
         arg, kind = "x", "an integer x"
         draw = lambda: rng.randint(-20, 20)  # noqa: E731
+    inputs = [draw() for _ in range(n_tests)]
     shown = draw()
-    inputs = []
-    while len(inputs) < n_tests:
-        x = draw()
-        if x != shown:
-            inputs.append(x)
+    while shown in inputs:
+        shown = draw()
     ref = eval(f"lambda {arg}: {expr}")  # noqa: S307 - our own generated expression, not model text
     tests = tuple(sandbox.Test(call="solve", args=[x], expected=ref(x)) for x in inputs)
     example = f"solve({shown!r}) == {ref(shown)!r}"
