@@ -295,7 +295,9 @@ def _interpreter_files(subprocess) -> list[str]:
         path = line.split("=>")[-1].strip().split(" (")[0].strip()
         if path.startswith("/") and os.path.exists(path):
             libs.add(path)
-    return [exe, stdlib, *sorted(libs), *(["/etc/ld.so.cache"] if os.path.exists("/etc/ld.so.cache") else [])]
+    inside = lambda p: p.startswith(stdlib + "/")  # noqa: E731 - already bound with the library
+    return [exe, stdlib, *sorted(p for p in libs if not inside(p)),
+            *(["/etc/ld.so.cache"] if os.path.exists("/etc/ld.so.cache") else [])]
 
 
 def _cgroup_parents() -> dict:
