@@ -136,7 +136,7 @@ def run_tests(program: str, tests: list[Test], limits: Limits | None = None) -> 
 def _supervised(subprocess, program: str, tests: list[Test], limits: Limits) -> list[TestResult]:
     cases = [{"stdin": t.stdin, "call": t.call, "args": t.args} for t in tests]
     job = json.dumps({"program": program, "cases": cases, **limits.job(), **_host()})
-    deadline = len(tests) * (limits.wall_s + 2.0) + 10.0  # generous: the supervisor enforces each test
+    deadline = len(tests) * (limits.wall_s + _SETUP_S) + 10.0  # a backstop: the supervisor enforces each test
     proc = subprocess.Popen([sys.executable, "-I", "-S", "-B", os.path.abspath(__file__)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={}, cwd="/", start_new_session=True)
@@ -498,6 +498,7 @@ os._exit(0)
 _KEYCTL, _KEYCTL_JOIN_SESSION_KEYRING = 250, 1
 _CLONE_NEWNS, _MS_BIND, _MS_REC, _MS_PRIVATE, _MS_NOSUID, _MS_NODEV = 0x20000, 4096, 16384, 1 << 18, 2, 4
 _STAGE = "/tmp/ragen2-allowed"
+_SETUP_S = 20.0  # bwrap and the runner's start, before the program's wall clock runs
 _PR_SET_PDEATHSIG = 1
 
 
@@ -615,8 +616,14 @@ def _run_cases(job: dict) -> list[dict]:
     results = []
     for i, case in enumerate(job["cases"]):
         r = _start_case(job, i, case)
-        ready = select.select([r["pidfd"]], [], [], max(0.0, r["deadline"] - time.monotonic()))[0]
-        results.append(_finish_case(job, r, timed_out=not ready))
+        # The wall clock starts when the runner says it started (a busy machine makes bwrap slow to set
+        # up, which is no fault of the program); setup itself gets _SETUP_S.
+        mark = r["fds"][4]
+        ready = select.select([r["pidfd"], mark], [], [], _SETUP_S)[0]
+        started_at = time.monotonic() if mark in ready else None
+        if r["pidfd"] not in ready and started_at is not None:
+            ready = select.select([r["pidfd"]], [], [], job["wall_s"])[0]
+        results.append(_finish_case(job, r, timed_out=r["pidfd"] not in ready))
     return results
 
 
@@ -627,8 +634,9 @@ def _start_case(job: dict, i: int, case: dict) -> dict:
     nproc = 0 if "pids" in job["cgroups"] else job["max_procs"] + 2
     inner = {k: job[k] for k in ("program", "cpu_s", "memory", "max_files", "output_bytes")}
     inner.update(call=case["call"], args=case["args"], nproc=nproc)
-    fds = [_memfd("stdin", case["stdin"].encode()), *(os.memfd_create(n, 0) for n in ("out", "err", "res", "mark")),
-           _memfd("job", json.dumps(inner).encode()), _memfd("seccomp", bytes.fromhex(job["seccomp"]))]
+    mark_r, mark_w = os.pipe()
+    fds = [_memfd("stdin", case["stdin"].encode()), *(os.memfd_create(n, 0) for n in ("out", "err", "res")),
+           mark_w, _memfd("job", json.dumps(inner).encode()), _memfd("seccomp", bytes.fromhex(job["seccomp"]))]
     argv = _bwrap_args(job, stdlib)
     t0 = time.monotonic()
     pid = os.fork()
@@ -637,8 +645,10 @@ def _start_case(job: dict, i: int, case: dict) -> dict:
             _child(fds, cgroups, argv)
         finally:
             os._exit(127)
-    return dict(pid=pid, pidfd=os.pidfd_open(pid), t0=t0, deadline=t0 + job["wall_s"] + 0.2,  # + bwrap's start
-                cgroups=cgroups, fds=fds)
+    os.close(mark_w)
+    os.set_blocking(mark_r, False)
+    fds[4] = mark_r  # readable once the runner wrote its marker, or at EOF when it never will
+    return dict(pid=pid, pidfd=os.pidfd_open(pid), t0=t0, cgroups=cgroups, fds=fds)
 
 
 def _finish_case(job: dict, r: dict, timed_out: bool) -> dict:
@@ -659,7 +669,10 @@ def _finish_case(job: dict, r: dict, timed_out: bool) -> dict:
     stdout, n_out = _read(fds[1], cap)
     report, n_rep = _read(fds[3], cap)
     stderr, _ = _read(fds[2], _ERR_TAIL, tail=True)
-    started = _read(fds[4], 16)[0] == "started"
+    try:
+        started = os.read(fds[4], 16) == b"started"
+    except BlockingIOError:  # a writer is still alive but never wrote
+        started = False
     for fd in fds:
         os.close(fd)
     return dict(timed_out=timed_out, exit=os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else None,

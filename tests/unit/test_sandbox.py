@@ -371,7 +371,7 @@ def test_the_callers_session_keyring_is_not_visible():
     ("import os\nos.write(3, b'{\"value\": ' + b'9' * 5000 + b'}')\nos._exit(0)", 1),
 ])
 def test_hostile_results_are_a_clean_failure_of_that_test(program, expected):
-    limits = Limits(wall_s=3, cpu_s=2, output_bytes=1 << 20)  # room for the bombs: they must be parsed
+    limits = Limits(wall_s=10, cpu_s=5, output_bytes=1 << 20)  # room for the bombs: they must be parsed
     results = run_tests(program, [Test(call="solve", args=[1], expected=expected),
                                   Test(call="solve", args=[2], expected=expected)], limits)
     assert [r.status for r in results] in (["wrong_answer"] * 2, ["crash"] * 2), results
