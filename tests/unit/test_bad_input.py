@@ -200,3 +200,22 @@ def test_mi_names_the_line_of_non_utf8_text(tmp_path, capsys):
     path.write_bytes(json.dumps(episode(1)).encode() + b"\n" + json.dumps(episode(1)).encode()[:-1] + b', "x": "\xff"}\n')
     assert mi(["--rollouts", str(path), "--model", "unused"]) == 2
     assert f"{path}:2: not UTF-8 text (byte 0xff" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- no bubblewrap
+
+def test_without_bubblewrap_the_code_env_refuses_and_says_how_to_install(tmp_path, monkeypatch, capsys):
+    from ragen2_core.envs import sandbox
+    from ragen2_core.envs.code import CodeEnv
+    from ragen2_core.envs.math import MathEnv
+
+    sandbox._host()  # probed for real first; then only bwrap goes missing
+    monkeypatch.setitem(sandbox._HOST, "bwrap", "")
+    monkeypatch.setattr(sandbox, "_PROBLEM", [])
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install -y bubblewrap"):
+        CodeEnv()
+    MathEnv().reset(0)  # everything else works
+    monkeypatch.chdir(tmp_path)
+    assert cli(["train", "--set", "env.name=code", "--set", f"train.output_dir={tmp_path / 'runs'}"]) == 2
+    assert "apt-get install -y bubblewrap" in capsys.readouterr().err and nothing_left(tmp_path) == []
