@@ -173,7 +173,7 @@ def test_the_prompts_example_is_never_a_scored_test(difficulty):
         shown = problem.question.split("Example: solve(")[1].rsplit(") == ", 1)
         echo = f"def solve(x):\n    return {shown[1]}"  # returns the example's answer whatever it is given
         assert all(repr(t.args[0]) != shown[0] for t in problem.tests), (seed, shown, problem.tests)
-        if seed < 3:
+        if seed == 0:  # one reply through the sandbox per difficulty
             env = CodeEnv(difficulty=difficulty)
             env.reset(0)
             env.problem = problem
