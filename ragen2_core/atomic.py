@@ -1,6 +1,7 @@
 """Result files appear whole or not at all: written to a temp file in the same directory, then renamed
 over the target (`os.replace` is atomic within a filesystem), so a killed process never leaves half a
-file for a reader or a resume to trip over.
+file for a reader or a resume to trip over. The file gets the mode any new file would (0666 less the
+umask), not the temp file's private 0600.
 
     write_text_atomic(out_dir / "result.json", json.dumps(result))
 """
@@ -15,9 +16,24 @@ def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w", newline="") as f:  # the text goes out exactly as given
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """The process umask, read without changing it (os.umask would, racing other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no procfs: the classic read-by-setting
+    os.umask(mask)
+    return mask

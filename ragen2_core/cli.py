@@ -79,8 +79,13 @@ def cmd_eval(cfg, args) -> int:
 
 def cmd_train(cfg, args) -> int:
     from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
+    from ragen2_core.train.preflight import preflight
     from ragen2_core.train.trainer import run
 
+    problems = preflight(cfg)  # before the output directory, the MLflow store and DeepSpeed exist
+    if problems:
+        print("ragen2 train: cannot start:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+        return 2
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 reports

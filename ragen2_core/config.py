@@ -19,6 +19,7 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import operator
 import os
 import re
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
+
+from ragen2_core import yamlio
 
 class ConfigError(ValueError):
     """Every problem found in one load, one per line."""
@@ -106,6 +109,9 @@ def _scalar(value, tp, meta, path, errors):
         value, ok = float(value), True  # canonical float keeps dumps and hashes stable
     if tp is float and isinstance(value, str) and _YAML11_FLOAT.match(value):
         value, ok = float(value), True  # PyYAML reads `1e-3` (no dot) as a string: YAML 1.1 rules
+    if ok and tp is float and not math.isfinite(value):  # .inf, .nan, 1e999 pass every range check
+        errors.append(f"{path}: {value!r} is not a finite number; give a finite value")
+        return _BAD
     if not ok:
         errors.append(f"{path}: expected {tp.__name__}, got {value!r} ({type(value).__name__}); {_FIX[tp]}")
         return _BAD
@@ -210,11 +216,9 @@ def read_yaml(path: Path, chain: tuple = ()) -> dict:
     if not path.is_file():
         raise ConfigError([f"config file not found: {path}"])
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError([f"{path}: invalid YAML: {e}"]) from None
-    if data is None:
-        data = {}
+        data, _ = yamlio.read_yaml_file(path, what="config")
+    except yamlio.YamlInputError as e:
+        raise ConfigError([str(e)]) from None
     if not isinstance(data, dict):
         raise ConfigError([f"{path}: top level must be a mapping of sections, got {type(data).__name__}"])
     return _with_base(data, path.parent, chain + (path,))
@@ -243,9 +247,15 @@ def _apply_override(data: dict, text: str, errors: list[str]) -> None:
     if problem:
         errors.append(f"override {text!r}: {problem}")
         return
+    if len(raw) > yamlio.MAX_BYTES:
+        errors.append(f"override {key}: the value is {len(raw)} characters, over {yamlio.MAX_BYTES}")
+        return
     try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
+        value = yamlio.parse_yaml(raw, where=f"override {key}")
+    except yamlio.YamlInputError as e:
+        if "alias" in str(e):
+            errors.append(str(e))
+            return
         value = raw  # e.g. an unbalanced bracket in a path; the type check still applies
     *parents, leaf = key.split(".")
     node = data
@@ -388,8 +398,8 @@ class CodeConfig:
                           gt=0, lt=1)
     timeout_s: float = opt(2.0, "sandbox: wall-clock limit per test, seconds", gt=0, le=60)
     cpu_s: int = opt(1, "sandbox: CPU-time limit per test, whole seconds", ge=1, le=60)
-    memory_mb: int = opt(256, "sandbox: address-space limit per test process, MiB", ge=32)
-    max_procs: int = opt(8, "sandbox: processes/threads the unprivileged sandbox user may have", ge=1, le=256)
+    memory_mb: int = opt(256, "sandbox: memory limit per test, all its processes together (cgroup), MiB", ge=32)
+    max_procs: int = opt(8, "sandbox: processes/threads one test may have (cgroup)", ge=1, le=256)
     max_output_kb: int = opt(64, "sandbox: stdout / written-file cap per test, KiB", ge=1)
 
     def check(self) -> list[str]:

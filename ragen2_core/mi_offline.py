@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -49,6 +50,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score the stored token ids, not re-tokenised text (only with the policy's tokenizer)")
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="rows x tokens per forward")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch default")
+
+
+def _check_utf8(path: Path) -> None:
+    if not path.is_file():
+        return  # load_rollouts says how to get one
+    for n, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise MIError(f"{path}:{n}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                          "a rollouts file is UTF-8 JSON lines, as training writes it.") from None
+
+
+def _check_ids(path: Path, episodes: list[dict]) -> None:
+    """``step`` and ``group_id`` must be whole numbers: they select and group the episodes."""
+    lines = [n for n, line in enumerate(path.read_bytes().split(b"\n"), start=1) if line.strip()]
+    for rec, n in zip(episodes, lines):
+        for field in ("step", "group_id"):
+            value = rec.get(field)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise MIError(f"{path}:{n}: {field} is {json.dumps(value)}; it must be a whole number "
+                              "(format in ragen2_core/rollout/dump.py).")
 
 
 def select_step(episodes: list[dict], step: int | None) -> tuple[int, list[dict]]:
@@ -104,10 +127,12 @@ def run(args: argparse.Namespace) -> int:
             raise MIError(f"{flag} must be >= {least}; got {value}.")
     if args.threads:
         torch.set_num_threads(args.threads)
+    _check_utf8(Path(args.rollouts))
     try:
         episodes = load_rollouts(args.rollouts)
     except (FileNotFoundError, ValueError) as err:
         raise MIError(str(err)) from None
+    _check_ids(Path(args.rollouts), episodes)
     step, eps = select_step(episodes, args.step)
     n_groups = len({e["group_id"] for e in eps})
     try:

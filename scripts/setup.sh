@@ -3,6 +3,7 @@
 # Usage: bash scripts/setup.sh
 # torch: an existing install (e.g. a CUDA build) is kept; otherwise the CPU build torch==2.13.0 is
 # installed first, so no dependency can pull a multi-GB CUDA build. Override with TORCH_SPEC=...
+# bubblewrap (the code env's sandbox) is installed with apt-get when run as root on Debian/Ubuntu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -13,4 +14,14 @@ else
   echo "[setup] keeping installed torch $("$PY" -c 'import torch; print(torch.__version__)')"
 fi
 "$PY" -m pip install -q -e ".[dev]"
+# The code env runs model-written programs only inside bubblewrap (ragen2_core/envs/sandbox.py).
+if ! command -v bwrap >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "[setup] installing bubblewrap (the code env's sandbox)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+  else
+    echo "[setup] bubblewrap is missing: the code env will refuse to run until it is installed" \
+         "(Debian/Ubuntu, as root: apt-get install -y bubblewrap); everything else works"
+  fi
+fi
 echo "[setup] done"

@@ -25,8 +25,8 @@ import json
 import random
 import re
 import time
+import warnings
 from dataclasses import dataclass
-from pathlib import Path
 
 from . import sandbox
 from .math import Problem, SingleTurnEnv, pick, read_rows, split_of
@@ -56,12 +56,13 @@ LIST_OPS = [("the sum of the numbers in xs", "sum(xs)"), ("the largest number in
 
 
 def generate_problem(rng: random.Random, difficulty: int, n_tests: int) -> CodeProblem:
-    """A ``solve`` task; tests evaluate the reference expression on random inputs."""
+    """A ``solve`` task; tests evaluate the reference expression on random inputs. The prompt's example
+    input is never a scored test, so echoing the example earns nothing."""
     if difficulty == 3:
         desc, expr = rng.choice(LIST_OPS)
         a = rng.randint(1, 5)
         desc, expr, arg, kind = desc.format(a=a), expr.format(a=a), "xs", "a non-empty list of integers xs"
-        inputs = [[rng.randint(-9, 9) for _ in range(rng.randint(1, 6))] for _ in range(n_tests)]
+        draw = lambda: [rng.randint(-9, 9) for _ in range(rng.randint(1, 6))]  # noqa: E731
     else:
         desc, expr = "x", "x"
         for _ in range(difficulty):
@@ -73,10 +74,14 @@ def generate_problem(rng: random.Random, difficulty: int, n_tests: int) -> CodeP
             desc = d.format(e=f"({desc})" if inner else desc, a=a)
             expr = c.format(e=f"({expr})" if wrap else expr, a=a)
         arg, kind = "x", "an integer x"
-        inputs = [rng.randint(-20, 20) for _ in range(n_tests)]
+        draw = lambda: rng.randint(-20, 20)  # noqa: E731
+    inputs = [draw() for _ in range(n_tests)]
+    shown = draw()
+    while shown in inputs:
+        shown = draw()
     ref = eval(f"lambda {arg}: {expr}")  # noqa: S307 - our own generated expression, not model text
     tests = tuple(sandbox.Test(call="solve", args=[x], expected=ref(x)) for x in inputs)
-    example = f"solve({inputs[0]!r}) == {ref(inputs[0])!r}"
+    example = f"solve({shown!r}) == {ref(shown)!r}"
     question = f"Write a Python function solve({arg}) that takes {kind} and returns {desc}.\nExample: {example}"
     code = f"def solve({arg}):\n    return {expr}"
     return CodeProblem(question, code, f"solve({arg}) returns {expr}. Check: {example}.", expr, tests)
@@ -105,12 +110,14 @@ class CodeEnv(SingleTurnEnv):
         problem = sandbox.isolation_problem()
         if problem:
             raise sandbox.SandboxUnavailable(f"the code env runs model-written programs only in the sandbox: {problem}")
+        note = sandbox.cgroup_note()
+        if note:
+            warnings.warn(f"code env sandbox: {note}", stacklevel=2)
         self.source, self.path, self.difficulty = source, path, difficulty
         self.n_tests, self.max_tests = n_tests, max_tests
-        # The data file is hidden from the programs, so a policy cannot read the expected outputs.
+        # The sandbox's root holds only the interpreter: no data file, copy or project file is readable.
         self.limits = sandbox.Limits(wall_s=timeout_s, cpu_s=cpu_s, memory_mb=memory_mb, max_procs=max_procs,
-                                     output_bytes=max_output_kb * 1024,
-                                     hide=(str(Path(path).expanduser()),) if source == "file" else ())
+                                     output_bytes=max_output_kb * 1024)
 
     def system_prompt(self) -> str:
         return ("You are a Python programmer.\n"

@@ -227,6 +227,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count running trials with their latest values (marked provisional)")
 
 
+def store_problem(uri: str) -> str | None:
+    """Why ``uri`` is not a readable MLflow store (None when it looks like one, or is a server)."""
+    import sqlite3
+    from urllib.parse import urlparse
+
+    fix = "pass --tracking-uri of the store the sweep wrote to (e.g. sqlite:////abs/path/mlflow.db)"
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.is_file():
+            return f"no MLflow store at {path} (from {uri}); {fix}"
+        try:
+            con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as e:
+            return f"{path} is not a readable SQLite database ({e}); it is corrupt or not an MLflow store; {fix}"
+        if "experiments" not in tables:
+            return f"{path} is an SQLite database but not an MLflow store (no experiments table); {fix}"
+        return None
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        path = Path(parsed.path if parsed.scheme else uri)
+        if not path.is_dir():
+            return f"no MLflow store directory at {path} (from {uri}); {fix}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ragen2 report", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
     uri = args.tracking_uri or default_tracking_uri()
     out = args.out or f"reports/out/{args.experiment}.pdf"
+    problem = store_problem(uri)
+    if problem:  # checked before MLflow opens it: opening a missing store creates an empty one
+        print(f"report: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running, args.png_dir)
     except (UnknownExperiment, ValueError) as err:

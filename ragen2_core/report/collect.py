@@ -179,6 +179,10 @@ def collect(tracking_uri: str, experiment: str, metrics=METRICS) -> Sweep:
                                 f"{exp.experiment_id}` or pick another: {', '.join(experiment_names(client))}")
     notes: list[str] = []
     runs = search_all_runs(client, exp.experiment_id)
+    if not runs:
+        raise UnknownExperiment(f"MLflow experiment {experiment!r} at {tracking_uri} has no runs, so there is "
+                                "nothing to report; run the sweep first, or pick another experiment: "
+                                f"{', '.join(experiment_names(client))}")
     parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
     parent = max(parents, key=lambda r: r.info.start_time or 0) if parents else None
     if len(parents) > 1:

@@ -29,6 +29,7 @@ import yaml
 # build_section and schema_problem are config.py's own validation steps, reused so that spec errors read
 # exactly like config errors.
 from ragen2_core.config import FILTER_PRESETS, build_section, schema_problem, opt
+from ragen2_core.yamlio import YamlInputError, read_yaml_file
 
 
 class SpecError(ValueError):
@@ -45,6 +46,7 @@ class SpecError(ValueError):
 # ----------------------------------------------------------------------------- schema
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAX_SEEDS = 1000  # seeds per trial point; more is a typo, and each is a training run
 DISTRIBUTIONS = {"uniform": 2, "loguniform": 2, "randint": 2, "choice": None}
 
 
@@ -213,10 +215,14 @@ def _check_keys(keys: dict[str, tuple], err: SpecErrors) -> None:
 
 def _parse_seeds(raw, err: SpecErrors) -> list[int]:
     if isinstance(raw, int) and not isinstance(raw, bool):
-        if raw < 1:
-            err.add(("seeds",), f"{raw!r} is out of range; give a count >= 1 or a list of seeds, e.g. [0, 1, 2]")
+        if not 1 <= raw <= MAX_SEEDS:
+            err.add(("seeds",), f"{raw!r} is out of range; give a count from 1 to {MAX_SEEDS} or a list of "
+                                "seeds, e.g. [0, 1, 2]")
             return []
         return list(range(raw))
+    if isinstance(raw, list) and len(raw) > MAX_SEEDS:
+        err.add(("seeds",), f"{len(raw)} seeds is over the limit of {MAX_SEEDS}; list fewer")
+        return []
     if isinstance(raw, list) and raw and all(isinstance(s, int) and not isinstance(s, bool) for s in raw):
         if len(set(raw)) != len(raw):
             err.add(("seeds",), f"{raw!r} repeats a seed; list each seed once")
@@ -258,8 +264,28 @@ def _parse_axes(raw, err: SpecErrors) -> dict[str, list]:
         if not isinstance(values, list) or not values:
             err.add(("axes", key), f"expected a non-empty list of values, got {values!r}; e.g. [0.0, 0.01]")
             continue
+        twins = _repeated(values)
+        if twins:
+            err.add(("axes", key), f"{twins[0]!r} and {twins[1]!r} are the same setting (two identical trials "
+                                   "under one label); list each value once")
+            continue
         axes[key] = values
     return axes
+
+
+def _repeated(values: list) -> tuple | None:
+    """The first two values that configure the same thing (0 and 0.0; not true and 1), or None."""
+    def setting(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            return (type(v).__name__, repr(v))
+        return ("number", float(v))
+    seen = {}
+    for v in values:
+        key = setting(v)
+        if key in seen:
+            return seen[key], v
+        seen[key] = v
+    return None
 
 
 def _parse_zip(raw, err: SpecErrors) -> list[dict[str, list]]:
@@ -317,12 +343,11 @@ def parse_spec(path: Path) -> tuple[SweepSpec, SpecErrors]:
     """The spec as far as it parses, and every problem found in it."""
     if not path.is_file():
         raise SpecError([f"sweep spec not found: {path}"])
-    text = path.read_text()
+    try:  # before anything walks the document: an alias bomb must not be expanded
+        data, text = read_yaml_file(path, what="sweep spec")
+    except YamlInputError as e:
+        raise SpecError([str(e)]) from None
     err = SpecErrors(str(path), text)
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError([f"{path}: invalid YAML: {e}"]) from None
     if not isinstance(data, dict):
         raise SpecError([f"{path}: top level must be a mapping (name, base, axes, arms, seeds, ...)"])
     raw = {k: data.pop(k) for k in _FREEFORM + ("space",) if k in data}

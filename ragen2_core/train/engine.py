@@ -41,6 +41,7 @@ with ZeRO-Offload set it false so DeepSpeed uses its CPU Adam.
 """
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import logging
@@ -81,6 +82,7 @@ def init_distributed() -> tuple[int, int]:
         # workers) never inherit a rendezvous address that this process is still holding.
         os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asserts on it; harmless to inherit
         store = tempfile.NamedTemporaryFile(prefix="ragen2-pg-", delete=False).name
+        atexit.register(_remove, store)  # the store outlives the group; nothing reads it after exit
         torch.distributed.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}",
                                              rank=0, world_size=1)
         _deepspeed().init_distributed(dist_backend="nccl" if cuda else "gloo")
@@ -89,6 +91,13 @@ def init_distributed() -> tuple[int, int]:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     _deepspeed().init_distributed(dist_backend="nccl" if cuda else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _world_size() -> int:

@@ -4,7 +4,6 @@ start is long enough that some replies are well-formed, so rewards really are co
 import pytest
 
 from ragen2_core.config import load_config
-from ragen2_core.envs import sandbox
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
 from tiny import TINY
@@ -22,9 +21,9 @@ def tiny_run(env: str, tmp_path, cache):
 
 
 @pytest.mark.parametrize("env", ["math", "code"])
-def test_tiny_training_run(env, tmp_path, tmp_path_factory):
-    if env == "code" and sandbox.isolation_problem():
-        pytest.skip(f"no sandbox here: {sandbox.isolation_problem()}")
+def test_tiny_training_run(env, tmp_path, tmp_path_factory, request):
+    if env == "code":
+        request.getfixturevalue("sandbox")  # fails loudly where programs cannot be sandboxed
     result, sink = tiny_run(env, tmp_path, tmp_path_factory.mktemp("cache"))
     assert result["steps_done"] == 2 and result["stop_reason"] == "completed"
     assert [s for s, _ in sink.metrics] == [1, 2]

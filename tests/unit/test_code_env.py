@@ -14,8 +14,7 @@ from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
 from ragen2_core.policy.warmstart import _traces, expert_episode
 
-pytestmark = pytest.mark.skipif(sandbox.isolation_problem() is not None,
-                                reason=f"no sandbox here: {sandbox.isolation_problem()}")
+pytestmark = pytest.mark.usefixtures("sandbox")  # fails loudly where programs cannot be sandboxed
 DEEPCODER = str(Path(__file__).parents[1] / "fixtures" / "deepcoder_small.jsonl")
 VAL = 1_000_000_000
 
@@ -165,3 +164,42 @@ def test_tokenizer_round_trips_code():
     for text in texts + [odd]:
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
     assert all(len(tok.encode(t, add_special_tokens=False)) == 1 for t in TAGS)
+
+
+@pytest.mark.parametrize("difficulty", [1, 2, 3])
+def test_the_prompts_example_is_never_a_scored_test(difficulty):
+    for seed in range(40):
+        problem = generate_problem(random.Random(seed), difficulty, 5)
+        shown = problem.question.split("Example: solve(")[1].rsplit(") == ", 1)
+        echo = f"def solve(x):\n    return {shown[1]}"  # returns the example's answer whatever it is given
+        assert all(repr(t.args[0]) != shown[0] for t in problem.tests), (seed, shown, problem.tests)
+        if seed == 0:  # one reply through the sandbox per difficulty
+            env = CodeEnv(difficulty=difficulty)
+            env.reset(0)
+            env.problem = problem
+            assert env.step(reply(echo)).reward == pytest.approx(
+                sum(t.expected == eval(shown[1]) for t in problem.tests) / 5)
+
+
+def test_data_copies_are_unreadable_so_reading_the_answers_earns_nothing(tmp_path):
+    # The env trains on a copy of the data set; the project's own copy (tests/fixtures) is elsewhere.
+    data = tmp_path / "train.jsonl"
+    data.write_text(Path(DEEPCODER).read_text())
+    env = CodeEnv(source="file", path=str(data), val_frac=0.3)
+    splits = load_deepcoder(str(data), 0.3, 10)
+    seed = next(i for i, p in enumerate(splits["train"]) if "print their sum" in p.question)
+    env.reset(seed)
+    cheat = ("import json, sys\n"
+             "given = sys.stdin.read()\n"
+             f"for path in [{DEEPCODER!r}, {str(data)!r}]:\n"
+             "    try:\n"
+             "        rows = [json.loads(line) for line in open(path)]\n"
+             "    except OSError:\n"
+             "        continue\n"
+             "    for row in rows:\n"
+             "        for t in json.loads(row['tests']) if isinstance(row['tests'], str) else row['tests']:\n"
+             "            if isinstance(t, dict) and t.get('input') == given:\n"
+             "                print(t['output'])\n"
+             "                sys.exit(0)\n")
+    result = env.step(reply(cheat))
+    assert result.reward == 0.0 and result.info["test_status"] == {"wrong_answer": 3}
