@@ -434,9 +434,14 @@ class PolicyConfig:
     intermediate_size: int = opt(384, "embedded architecture: MLP width", ge=1)
     vocab_size: int = opt(1024, "embedded tokenizer's BPE vocabulary size", ge=64, le=65536)
     cache_dir: str = opt("~/.cache/ragen2", "where the embedded model and warm starts are cached")
+    chat_template: str = opt("auto", "conversation format: auto (the tokenizer's own chat template when it "
+                             "has one, else raw text), none (raw text) or the path of a jinja chat template")
 
     def check(self) -> list[str]:
         errs = []
+        if self.chat_template not in ("auto", "none") and not Path(self.chat_template).expanduser().is_file():
+            errs.append(f"chat_template: file {self.chat_template!r} not found; give auto, none or the path "
+                        "of a jinja chat template (e.g. ragen2_core/policy/templates/chatml.jinja)")
         if self.hidden_size % self.num_heads:
             errs.append(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads}); "
                         "pick a multiple of num_heads")

@@ -31,6 +31,7 @@ class RolloutBatch:
     responses: list[list[str]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     step_infos: list[list[dict]] = field(default_factory=list)  # per row and turn: the env's StepResult.info
+    messages: list[list[dict]] = field(default_factory=list)  # per row: the conversation (role, content)
 
     def __len__(self) -> int:
         return len(self.token_ids)

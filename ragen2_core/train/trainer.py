@@ -33,6 +33,7 @@ from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
 from ragen2_core.rollout.engine import SamplingParams, rollout
 from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
+from ragen2_core.rollout.prompt import prompt_format
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
@@ -97,6 +98,7 @@ def run(cfg, sink) -> dict:
     algo, fcfg, rcfg, ccfg = cfg.algo, cfg.filter, cfg.rollout, cfg.collapse
 
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
+    fmt = prompt_format(tok, cfg.policy.chat_template)  # raw text or the chat template
     make_env = env_factory(cfg.env)
     template = make_env().template_think
     reference = FrozenModel(copy.deepcopy(model)) if algo.kl_coef > 0 else None
@@ -150,7 +152,7 @@ def run(cfg, sink) -> dict:
         gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
         t0 = time.perf_counter()
         batch = rollout(actor.module, tok, make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
-                        group_ids=group_ids, sampling=sampling, generator=gen)
+                        group_ids=group_ids, sampling=sampling, generator=gen, fmt=fmt)
         rollout_s = time.perf_counter() - t0
         group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
         spread = group_reward_stats(group_rewards, statistic="std")   # [G] in-group reward std
@@ -227,7 +229,7 @@ def run(cfg, sink) -> dict:
         if rank == 0 and cfg.train.eval_every and ((step + 1) % cfg.train.eval_every == 0 or step + 1 == cfg.train.steps):
             t0 = time.perf_counter()
             stats, eval_batch = evaluate(actor.module, tok, make_env, seeds=val_seeds(cfg.env),
-                                         sampling=eval_sampling, seed=seed)
+                                         sampling=eval_sampling, seed=seed, fmt=fmt)
             last_eval = {f"eval/{k}": v for k, v in stats.items()}
             metrics |= last_eval | {"time/eval_s": time.perf_counter() - t0}
             sink.log_text(sample_text(eval_batch, tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
