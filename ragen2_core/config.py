@@ -476,6 +476,16 @@ class RolloutConfig:
     top_k: int = opt(0, "sample among the k likeliest tokens; 0 = off", ge=0)
     max_new_tokens: int = opt(96, "token budget per turn's reply", ge=1)
     max_context_tokens: int = opt(2048, "episode is truncated once the context reaches this length", ge=64)
+    backend: str = opt("hf", "what samples the replies: hf (our KV-cached engine) or vllm (a colocated vLLM "
+                       "engine; needs the environment of scripts/setup_vllm.sh)", choices=["hf", "vllm"])
+    vllm_memory_gb: float = opt(1.0, "vllm backend: memory for its KV cache, GiB", gt=0)
+
+    def check(self) -> list[str]:
+        import importlib.util
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            return ["backend: vllm is not installed in this Python environment; create its environment with "
+                    "`bash scripts/setup_vllm.sh` and run with .venv-vllm/bin/python, or use backend: hf"]
+        return []
 
 
 @dataclasses.dataclass
@@ -623,6 +633,9 @@ class TrainConfig:
         if self.collapse.every and self.rollout.n_groups < 2:
             errs.append(f"collapse.every ({self.collapse.every}) needs rollout.n_groups >= 2 (got "
                         f"{self.rollout.n_groups}): MI compares prompts; raise n_groups or set collapse.every=0")
+        if self.rollout.backend == "vllm" and self.train.zero_stage == 3:
+            errs.append("rollout.backend=vllm copies whole parameters into the engine, which ZeRO stage 3 "
+                        "partitions; use train.zero_stage <= 2 or rollout.backend=hf")
         if self.grad_probe.every and self.train.zero_stage == 3:
             errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
                         "use train.zero_stage <= 2 or set grad_probe.every=0")

@@ -2,7 +2,7 @@
 
 Same config fields as the published Qwen2.5 checkpoints (rope base, norm epsilon, tied embeddings,
 grouped-query attention with 2 key/value heads, no sliding window); ``tiny`` keeps that shape at
-a size that runs in the default test tier.
+a size that runs in the default test tier (head size 32, the smallest vLLM's CPU attention takes).
 
     model = random_qwen25("0.5B", vocab_size=151_936)              # Qwen2.5-0.5B's architecture
     path = save_random_qwen25(tmp / "qwen", "tiny", tokenizer)     # a directory load_pretrained reads
@@ -15,7 +15,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 QWEN25 = {  # hidden, MLP width, layers, attention heads (config.json of Qwen2.5-*-Instruct)
-    "tiny": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4),
+    "tiny": dict(hidden_size=128, intermediate_size=320, num_hidden_layers=2, num_attention_heads=4),
     "0.5B": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14),
     "1.5B": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12),
     "3B": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16),

@@ -123,6 +123,20 @@ class KVSession:
             logits = self._forward(tok[:, None], live.long()[:, None])
         return replies
 
+    def turn(self, chunks: list[list[int]], p: SamplingParams, stop_ids: torch.Tensor,
+             generator: torch.Generator | None) -> list[list[int]]:
+        """Append each row's new env text and sample its reply (the rollout loop's one call per turn)."""
+        if self.next_pos is None:
+            # Episodes of a group start from the same prompt: encode each distinct one once.
+            uniq = list(dict.fromkeys(map(tuple, chunks)))
+            owner = [uniq.index(tuple(c)) for c in chunks]
+            logits = self.append([list(u) for u in uniq])
+            self.keep(owner)
+            logits = logits[owner]
+        else:
+            logits = self.append(chunks)
+        return self.decode(logits, p, stop_ids, generator)
+
     def keep(self, rows: list[int]) -> None:
         """Keep the listed rows in that order: drops episodes that ended, and a row listed several
         times is copied (one shared prompt encoded once, then handed to every episode of its group)."""
@@ -153,9 +167,11 @@ def single_token_id(tokenizer, text: str) -> int | None:
 @torch.no_grad()
 def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: list[int],
             dynamics_seeds: list[int], group_ids: list[int], sampling: SamplingParams,
-            generator: torch.Generator | None = None, fmt: RawFormat = RAW) -> RolloutBatch:
+            generator: torch.Generator | None = None, fmt: RawFormat = RAW, session=None) -> RolloutBatch:
     """Play len(env_seeds) episodes to the end, all in one batch; ``fmt`` renders the conversation
-    (rollout/prompt.py: raw text or a chat template)."""
+    (rollout/prompt.py: raw text or a chat template). ``session`` generates the replies: by default
+    a :class:`KVSession` on ``model``; anything with the same ``turn`` and ``keep`` (the vLLM
+    backend, rollout/vllm_backend.py) plays the same episodes."""
     was_training = model.training
     model.eval()
     B = len(env_seeds)
@@ -181,7 +197,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     chunks = [enc(c.text) for c in convs]
     prompt_len = [len(c) for c in chunks]
 
-    session = KVSession(model, tokenizer.pad_token_id)
+    session = session if session is not None else KVSession(model, tokenizer.pad_token_id)
     active = list(range(B))
     while active:
         # Episodes whose next turn could not fit in the context end here, truncated.
@@ -198,16 +214,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
             session.keep(keep_rows)
             chunks = [chunks[i] for i in keep_rows]
             active = fits
-        if session.next_pos is None:
-            # Episodes of a group start from the same prompt: encode each distinct one once.
-            uniq = list(dict.fromkeys(map(tuple, chunks)))
-            owner = [uniq.index(tuple(c)) for c in chunks]
-            logits = session.append([list(u) for u in uniq])
-            session.keep(owner)
-            logits = logits[owner]
-        else:
-            logits = session.append(chunks)
-        replies = session.decode(logits, sampling, stop_ids, generator)
+        replies = session.turn(chunks, sampling, stop_ids, generator)
         still, next_chunks = [], []
         for row, (b, chunk, reply) in enumerate(zip(active, chunks, replies)):
             start = len(token_ids[b]) + len(chunk)
@@ -250,4 +257,5 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
         env_seeds=list(env_seeds), n_turns=n_turns, n_valid_turns=n_valid, think_spans=think_spans,
         prompt_len=prompt_len, responses=responses, truncated=truncated, step_infos=step_infos,
         messages=[c.messages for c in convs],
+        behavior_logp=[session.logps[b] for b in range(B)] if hasattr(session, "logps") else [],
     )

@@ -136,6 +136,12 @@ def run(cfg, sink) -> dict:
         sink.set_tags(run_tags(config_hash(cfg), seed, git_sha()) | {"ragen2.policy": str(policy_path)})
         sink.log_text(dump_yaml(cfg), "config.yaml")
 
+    # rollout.backend=vllm: a colocated engine, given the (possibly resumed) weights now and after each update.
+    vllm = None
+    if rcfg.backend == "vllm":
+        from ragen2_core.rollout.vllm_backend import VLLMEngine
+        vllm = VLLMEngine(actor.module, dtype=cfg.policy.dtype, max_context_tokens=rcfg.max_context_tokens,
+                          memory_gb=rcfg.vllm_memory_gb, seed=seed)
     last_eval: dict = {}
     metrics: dict = {}
     stop_reason = "completed"
@@ -152,7 +158,8 @@ def run(cfg, sink) -> dict:
         gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
         t0 = time.perf_counter()
         batch = rollout(actor.module, tok, make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
-                        group_ids=group_ids, sampling=sampling, generator=gen, fmt=fmt)
+                        group_ids=group_ids, sampling=sampling, generator=gen, fmt=fmt,
+                        session=vllm.session(n_rows) if vllm else None)
         rollout_s = time.perf_counter() - t0
         group_rewards = torch.tensor(batch.episode_reward).view(rcfg.n_groups, rcfg.group_size)
         spread = group_reward_stats(group_rewards, statistic="std")   # [G] in-group reward std
@@ -160,6 +167,8 @@ def run(cfg, sink) -> dict:
         metrics = rollout_metrics(batch, spread, rollout_tokens, template)
         metrics["time/rollout_s"] = rollout_s
         metrics["perf/tokens_per_s"] = rollout_tokens / max(rollout_s, 1e-9)
+        if vllm:
+            metrics |= vllm.mismatch(actor.module, batch, pad_id=tok.pad_token_id, micro=micro)
 
         # ============================================================ diagnostics: MI proxy
         if ccfg.every and step % ccfg.every == 0 and rank == 0:
@@ -212,6 +221,8 @@ def run(cfg, sink) -> dict:
         if kept_rows:
             metrics |= update(batch.select(kept_rows), row_weight[kept_rows], actor, critic, reference,
                               tok, cfg, step, micro, loss_scale_factor(kept_ratio, mode=fcfg.loss_scale))
+            if vllm:
+                vllm.sync(actor.module)
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ metrics: cost
