@@ -66,7 +66,9 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: the trainer's process
         from vllm import LLM
         cpu = not torch.cuda.is_available()
-        threads = torch.get_num_threads()
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process; the
+        # trainer (and anything after it) keeps the real one and its thread count.
+        set_threads, threads = torch.set_num_threads, torch.get_num_threads()
         # vLLM loads from a directory; the current weights go through a temporary one (a hub name
         # is never resolved, nothing is downloaded). Ids in, ids out: it needs no tokenizer.
         with tempfile.TemporaryDirectory(prefix="ragen2-vllm-") as d:
@@ -76,7 +78,8 @@ class VLLMEngine:
                            kv_cache_memory_bytes=int(memory_gb * 2**30),
                            # CPU attention takes blocks of a multiple of 32 tokens
                            **({"block_size": 32, "enforce_eager": True} if cpu else {}))
-        torch.set_num_threads(threads)  # the training side keeps its own thread count
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
 
     def session(self, n_rows: int) -> VLLMSession:
         return VLLMSession(self, n_rows)

@@ -69,7 +69,13 @@ def test_engine_gets_new_weights_without_restart(tmp_path):
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
     model = build_tiny_qwen2(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=128, seed=0).eval()
+    threads = torch.get_num_threads()
     engine = VLLMEngine(model, dtype="float32", max_context_tokens=512, memory_gb=0.25, seed=0)
+    # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the engine gives it back.
+    assert torch.get_num_threads() == threads
+    torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(threads)
     prompt = tok.encode("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)
     assert len(prompt) > 64  # two full 32-token blocks: the prefix cache holds them after a first call
     p = SamplingParams(max_new_tokens=6)
