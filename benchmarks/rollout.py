@@ -9,6 +9,15 @@ The last line printed is one JSON object; ``ratio`` = naive time / our time (goa
 ``ratio_vs_hf_batched`` = batched-HF time / our time (goal >= 1.3).
 
     python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--config FILE] [--set k=v ...]
+
+``--backend vllm`` (run it in the vLLM environment, ``bash scripts/setup_vllm.sh``) measures instead our
+engine against the vLLM backend on a random-init model of Qwen2.5-0.5B's shape (vocabulary 151,936,
+fp32), the same 64 multi-turn FrozenLake episodes, seeds and per-turn budget through the same
+``rollout`` loop; both warm up on a few episodes first, and the engine's start-up is reported apart.
+``ratio`` = vLLM tokens/s / ours (goal >= 1.5):
+
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/rollout.py --backend vllm [--size 0.5B]
+        [--max-new-tokens 32] [--turns 3] [--episodes 64]
 """
 from __future__ import annotations
 
@@ -64,8 +73,54 @@ def timed(fn):
     return time.perf_counter() - t0, tokens
 
 
+def vs_vllm(args) -> None:
+    from ragen2_core.envs.registry import make_env
+    from ragen2_core.policy.shapes import random_qwen25
+    from ragen2_core.policy.tokenizer import train_tokenizer
+    from ragen2_core.policy.warmstart import expert_episode
+    from ragen2_core.rollout.vllm_backend import VLLMEngine
+
+    # A tokenizer of ours (trained on the env's expert text) under a model of the real shape: the
+    # model's 151,936-way head is what costs; ids past the tokenizer decode to nothing.
+    env = make_env("frozenlake", slip=0.0)
+    tok = train_tokenizer([p + r for s in range(200) for p, r in expert_episode(env, s, "grounded")],
+                          vocab_size=1024)
+    model = random_qwen25(args.size, tokenizer=tok).eval()
+    make = lambda: make_env("frozenlake", slip=0.0, max_turns=args.turns)  # noqa: E731
+    seeds = list(range(args.episodes))
+    p = SamplingParams(temperature=1.0, max_new_tokens=args.max_new_tokens)
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model, dtype="float32", max_context_tokens=2048, memory_gb=1.0, seed=0)
+    startup = time.perf_counter() - t0
+
+    def play(session_of, n):
+        s = seeds[:n]
+        b = rollout(model, tok, make, env_seeds=s, dynamics_seeds=s, group_ids=s, sampling=p,
+                    generator=torch.Generator().manual_seed(0), session=session_of(len(s)))
+        return sum(sum(m) for m in b.response_mask)
+
+    ways = {"ours": lambda n: play(lambda _: None, n), "vllm": lambda n: play(engine.session, n)}
+    results = {}
+    for name, fn in ways.items():
+        fn(4)  # warm-up: first-call costs (kernel selection, allocator) stay out of the timing
+        sec, tokens = min(timed(lambda: fn(args.episodes)) for _ in range(args.repeats))
+        results[name] = {"seconds": round(sec, 3), "tokens": tokens, "tokens_per_s": round(tokens / sec, 1)}
+        print(f"{name:>10}: {sec:7.2f} s  {tokens:6d} tokens  {tokens / sec:8.1f} tok/s", flush=True)
+    print(json.dumps({
+        "name": "rollout_vs_vllm", "episodes": args.episodes, "threads": torch.get_num_threads(),
+        "model": f"random-init Qwen2.5-{args.size} shape, fp32", "max_new_tokens": args.max_new_tokens,
+        "turns": args.turns, "vllm_startup_s": round(startup, 1),
+        "ratio": round(results["vllm"]["tokens_per_s"] / results["ours"]["tokens_per_s"], 2),
+        "goal": {"ratio": 1.5}, **results}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="hf: our engine vs HF generate; vllm: our engine vs the vLLM backend")
+    ap.add_argument("--size", default="0.5B", help="--backend vllm: Qwen2.5 shape of the random-init model")
+    ap.add_argument("--max-new-tokens", type=int, default=32, help="--backend vllm: per-turn budget")
+    ap.add_argument("--turns", type=int, default=3, help="--backend vllm: FrozenLake turns per episode")
     ap.add_argument("--config", default=None)
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--episodes", type=int, default=64)
@@ -74,6 +129,8 @@ def main() -> None:
     ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.backend == "vllm":
+        return vs_vllm(args)
     cfg = load_config(args.config, ["env.name=frozenlake", *args.overrides])
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     model.eval()

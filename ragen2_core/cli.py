@@ -55,6 +55,7 @@ def cmd_eval(cfg, args) -> int:
     from ragen2_core.policy.load import load_policy
     from ragen2_core.rollout.engine import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
+    from ragen2_core.rollout.prompt import prompt_format
 
     _threads(cfg)
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
@@ -64,7 +65,8 @@ def cmd_eval(cfg, args) -> int:
                               top_k=cfg.rollout.top_k, max_new_tokens=cfg.rollout.max_new_tokens,
                               max_context_tokens=cfg.rollout.max_context_tokens, greedy=not args.sample)
     t0 = time.time()
-    stats, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed)
+    stats, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed,
+                            fmt=prompt_format(tok, cfg.policy.chat_template))
     stats["seconds"] = round(time.time() - t0, 2)
     stats["random_policy_success"] = random_baseline(make_env, seeds=seeds)["success"]
     print(f"policy {path} on {cfg.env.name} (slip {cfg.env.slip}), {len(seeds)} validation seeds, "

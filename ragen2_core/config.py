@@ -444,9 +444,14 @@ class PolicyConfig:
     intermediate_size: int = opt(384, "embedded architecture: MLP width", ge=1)
     vocab_size: int = opt(1024, "embedded tokenizer's BPE vocabulary size", ge=64, le=65536)
     cache_dir: str = opt("~/.cache/ragen2", "where the embedded model and warm starts are cached")
+    chat_template: str = opt("auto", "conversation format: auto (the tokenizer's own chat template when it "
+                             "has one, else raw text), none (raw text) or the path of a jinja chat template")
 
     def check(self) -> list[str]:
         errs = []
+        if self.chat_template not in ("auto", "none") and not Path(self.chat_template).expanduser().is_file():
+            errs.append(f"chat_template: file {self.chat_template!r} not found; give auto, none or the path "
+                        "of a jinja chat template (e.g. ragen2_core/policy/templates/chatml.jinja)")
         if self.hidden_size % self.num_heads:
             errs.append(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads}); "
                         "pick a multiple of num_heads")
@@ -481,6 +486,16 @@ class RolloutConfig:
     top_k: int = opt(0, "sample among the k likeliest tokens; 0 = off", ge=0)
     max_new_tokens: int = opt(96, "token budget per turn's reply", ge=1)
     max_context_tokens: int = opt(2048, "episode is truncated once the context reaches this length", ge=64)
+    backend: str = opt("hf", "what samples the replies: hf (our KV-cached engine) or vllm (a colocated vLLM "
+                       "engine; needs the environment of scripts/setup_vllm.sh)", choices=["hf", "vllm"])
+    vllm_memory_gb: float = opt(1.0, "vllm backend: memory for its KV cache, GiB", gt=0)
+
+    def check(self) -> list[str]:
+        import importlib.util
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            return ["backend: vllm is not installed in this Python environment; create its environment with "
+                    "`bash scripts/setup_vllm.sh` and run with .venv-vllm/bin/python, or use backend: hf"]
+        return []
 
 
 @dataclasses.dataclass
@@ -654,6 +669,9 @@ class TrainConfig:
         if self.filter.schedule.warmup_steps > self.train.steps:
             errs.append(f"filter.schedule.warmup_steps ({self.filter.schedule.warmup_steps}) exceeds train.steps "
                         f"({self.train.steps}); lower warmup_steps or raise train.steps")
+        if self.rollout.backend == "vllm" and self.train.zero_stage == 3:
+            errs.append("rollout.backend=vllm copies whole parameters into the engine, which ZeRO stage 3 "
+                        "partitions; use train.zero_stage <= 2 or rollout.backend=hf")
         if self.grad_probe.every and self.train.zero_stage == 3:
             errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
                         "use train.zero_stage <= 2 or set grad_probe.every=0")

@@ -2,7 +2,7 @@
 
     ragen2 mi --rollouts runs/x/rollouts.jsonl --model runs/x/policy [--step S] [--n-prompts 8]
               [--k-samples 4] [--n-perm 32] [--seed 0] [--trajectory] [--ids]
-              [--token-budget 16384] [--threads N]
+              [--token-budget 16384] [--threads N] [--chat-template auto|none|PATH]
 
 Reads the episodes of one step (default: the last step in the file; training writes the file with
 ``collapse.dump_rollouts=true``), picks N groups with distinct prompts and K episodes in each,
@@ -11,7 +11,12 @@ which reproduces the in-training numbers exactly when ``--model`` is the policy 
 out), cross-scores every reasoning under every prompt and prints each metric with what it costs:
 cond_entropy needs only each reasoning under its own prompt (N*K sequences), every MI-type metric
 all N*K*N. The last line is one JSON object. Errors (missing file, bad line, unknown step, fewer than
-2 groups, unloadable model) print one message and exit with status 2.
+2 groups, unloadable model, unusable chat template) print one message and exit with status 2.
+
+The prompt is rendered in the scorer's own conversation format, as training renders it:
+``--chat-template auto`` (default) uses the scorer tokenizer's chat template when it has one, else
+raw text; ``none`` raw text; a path that jinja file. Files written before the ``system``/``user``
+fields are scored with their stored context text.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ import torch
 from ragen2_core.metrics.collapse import collapse_metrics
 from ragen2_core.rollout.cross_score import DEFAULT_TOKEN_BUDGET, cross_score, pick_rows
 from ragen2_core.rollout.dump import load_rollouts
+from ragen2_core.rollout.prompt import RAW, TemplateError, prompt_format
 
 # What each metric of collapse_metrics is computed from; the rest need the full cross-scores.
 MATCHED_ONLY = {"cond_entropy", "cond_entropy_per_token"}
@@ -50,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="score the stored token ids, not re-tokenised text (only with the policy's tokenizer)")
     p.add_argument("--token-budget", type=int, default=DEFAULT_TOKEN_BUDGET, help="rows x tokens per forward")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = torch default")
+    p.add_argument("--chat-template", default="auto",
+                   help="prompt format: auto (the scorer's chat template if it has one), none, or a jinja file")
 
 
 def _check_utf8(path: Path) -> None:
@@ -95,7 +103,7 @@ def load_scorer(name: str):
     return model.eval(), tok
 
 
-def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool) -> tuple[list, list]:
+def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool, fmt=RAW) -> tuple[list, list]:
     """(contexts, reasonings) as token lists under the scorer's tokenizer (or the stored ids)."""
     if ids:
         missing = [e for e in eps if trajectory and "reasonings_ids" not in e]
@@ -105,8 +113,12 @@ def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool) -> tuple[l
                 [[t for z in e["reasonings_ids"] for t in z] if trajectory else list(e["reasoning_ids"])
                  for e in eps])
     enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    # The context is the start of the sequence, so it gets whatever the tokenizer prepends (a BOS).
-    contexts = [tok.encode(e["context"]) for e in eps]
+    if fmt is not RAW and all("system" in e for e in eps):
+        # A template writes its own BOS if it has one, as the rollout's first piece did.
+        contexts = [enc(fmt.start(e["system"], e["user"]).text) for e in eps]
+    else:
+        # Raw text is the start of the sequence, so it gets whatever the tokenizer prepends (a BOS).
+        contexts = [tok.encode(e["context"]) for e in eps]
     reasonings = [[t for z in e["reasonings"] for t in enc(z)] if trajectory else enc(e["reasoning"])
                   for e in eps]
     return contexts, reasonings
@@ -143,7 +155,11 @@ def run(args: argparse.Namespace) -> int:
         raise MIError(f"step {step}: {err}") from None
     eps = [eps[r] for r in rows]
     model, tok = load_scorer(args.model)
-    contexts, reasonings = token_lists(eps, tok, trajectory=args.trajectory, ids=args.ids)
+    try:
+        fmt = prompt_format(tok, args.chat_template)
+    except (FileNotFoundError, TemplateError) as err:
+        raise MIError(str(err).replace("policy.chat_template", "--chat-template")) from None
+    contexts, reasonings = token_lists(eps, tok, trajectory=args.trajectory, ids=args.ids, fmt=fmt)
     contexts = contexts[::k]
     lengths = torch.tensor([len(z) for z in reasonings], dtype=torch.long).view(n, k)
 

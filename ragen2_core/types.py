@@ -32,6 +32,9 @@ class RolloutBatch:
     responses: list[list[str]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     step_infos: list[list[dict]] = field(default_factory=list)  # per row and turn: the env's StepResult.info
+    messages: list[list[dict]] = field(default_factory=list)  # per row: the conversation (role, content)
+    # per row and token: log-prob under the engine that sampled it (0 off replies); vLLM backend only
+    behavior_logp: list[list[float]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.token_ids)

@@ -21,8 +21,12 @@ TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
 PRE_TOKEN = r" ?\(\d+, \d+\)| ?[A-Za-z]+| ?\d| ?[^\sA-Za-z\d]+|\s*\n|\s+"
 
 
-def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> PreTrainedTokenizerFast:
-    """Train a byte-level BPE of at most ``vocab_size`` tokens (tags and specials included)."""
+def train_tokenizer(texts: Iterable[str], *, vocab_size: int, specials: Iterable[str] = ()
+                    ) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE of at most ``vocab_size`` tokens (tags and specials included).
+    ``specials`` are extra special tokens: a chat template's control strings (ChatML's <|im_start|>,
+    <|im_end|>) stay single tokens that decoding with ``skip_special_tokens`` drops."""
+    specials = list(specials)
     bpe = Tokenizer(models.BPE())
     # A coordinate "(r, c)" is one pre-token, so BPE learns it as one token: copying a position
     # from the observation into the reasoning is then a single-token lookup, which a tiny model
@@ -34,7 +38,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> PreTrainedToken
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[PAD, EOS],
+        special_tokens=[PAD, EOS, *specials],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -44,4 +48,5 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int) -> PreTrainedToken
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe, pad_token=PAD, eos_token=EOS, bos_token=None, unk_token=None,
         padding_side="left", clean_up_tokenization_spaces=False,
+        **({"extra_special_tokens": specials} if specials else {}),
     )

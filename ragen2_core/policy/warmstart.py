@@ -32,7 +32,7 @@ import torch
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.model import EMBEDDED_MARKER, build_tiny_qwen2, count_parameters, save_policy
 from ragen2_core.policy.tokenizer import train_tokenizer
-from ragen2_core.rollout.prompt import first_chunk, next_chunk
+from ragen2_core.rollout.prompt import RAW, ChatFormat, RawFormat, read_template, template_markers, user_text
 
 # Bump when env text, prompt format or trace style changes: cached policies would be stale.
 FORMAT_VERSION = 3
@@ -46,21 +46,25 @@ def reply_text(think: str, actions: list[str]) -> str:
     return f"{think}</think><answer>{' || '.join(actions)}</answer>"
 
 
-def expert_episode(env, seed: int, style: str) -> list[tuple[str, str]]:
-    """[(prompt chunk, reply), ...] of one solved-by-BFS episode (slip as the env has it)."""
+def expert_episode(env, seed: int, style: str, fmt: RawFormat = RAW) -> list[tuple[str, str]]:
+    """[(prompt piece, reply), ...] of one solved-by-BFS episode (slip as the env has it), rendered
+    in ``fmt`` (rollout/prompt.py)."""
     obs = env.reset(seed)
-    turns, chunk, turn = [], first_chunk(env.system_prompt(), obs, env.actions_left, REPLY_BUDGET), 1
+    conv = fmt.start(env.system_prompt(), user_text(1, obs, env.actions_left, REPLY_BUDGET))
+    turns, chunk, turn = [], conv.text, 1
     while True:
         expert = env.expert_turn(style)
         reply = reply_text(expert.think, expert.actions)
         turns.append((chunk, reply))
+        conv.reply(reply)
         if turn >= env.max_turns:  # the last turn's step would only cost time (a sandbox run for code)
             return turns
         result = env.step("<think>" + reply)
         if result.done:
             return turns
         turn += 1
-        chunk = next_chunk(result.reward, turn, result.observation, env.actions_left, REPLY_BUDGET)
+        chunk = conv.follow(user_text(turn, result.observation, env.actions_left, REPLY_BUDGET,
+                                      reward=result.reward))
 
 
 def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
@@ -72,6 +76,11 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
                      if k not in ("name", "slip", "val_seeds", "val_seed_start", *unused)}}
     shape["policy"].pop("cache_dir")
     shape["policy"].pop("model")
+    # The embedded tokenizer has no template of its own, so auto and none both give the raw text the
+    # policies cached before this field were trained on; a template enters the key by its content.
+    template = read_template(shape["policy"].pop("chat_template", "auto"))
+    if template is not None:
+        shape["policy"]["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()
     # Fields added with a default that reproduces the old traces stay out of the key at that default,
     # so the policies cached before them stay valid.
     if shape["env"]["frozenlake"].get("scratchpad") == "path":
@@ -79,14 +88,15 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int) -> list[list[tuple[str, str]]]:
+def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
+            ) -> list[list[tuple[str, str]]]:
     rng = random.Random(warm_cfg.seed + seed_base)
     episodes = []
     for name in warm_cfg.envs:
         env = env_factory(env_cfg, name, slip=0.0)()
         for i in range(n_per_env):
             style = "grounded" if rng.random() < warm_cfg.grounded_frac else "template"
-            episodes.append(expert_episode(env, seed_base + i, style))
+            episodes.append(expert_episode(env, seed_base + i, style, fmt))
     rng.shuffle(episodes)
     return episodes
 
@@ -146,7 +156,15 @@ def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed
 def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
     """Train the tokenizer, init the model, run the supervised pass, save everything to out_dir."""
     t0 = time.time()
-    corpus_eps = _traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0)
+    template = read_template(policy_cfg.chat_template)
+    fmt, specials = RAW, template_markers(template) if template else []
+    if template:
+        # Rendering needs a tokenizer; a draft trained on the raw traces renders the corpus that the
+        # real one is trained on, so the template's own words become tokens too.
+        draft = train_tokenizer([c + r for ep in _traces(warm_cfg, env_cfg, 50, seed_base=0) for c, r in ep],
+                                vocab_size=policy_cfg.vocab_size, specials=specials)
+        fmt = ChatFormat(draft, template)
+    corpus_eps = _traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0, fmt=fmt)
     # The corpus also sees the grounded style for every env, whatever grounded_frac is.
     texts = [c + r for ep in corpus_eps for c, r in ep]
     for name in warm_cfg.envs:
@@ -154,14 +172,17 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
         env.reset(0)
         texts.append(env.expert_turn("grounded").think + env.expert_turn("template").think)
         texts.append(env.step("no tags").observation)
-    tok = train_tokenizer(texts, vocab_size=policy_cfg.vocab_size)
+    tok = train_tokenizer(texts, vocab_size=policy_cfg.vocab_size, specials=specials)
+    if template:
+        tok.chat_template = template  # saved with the policy: `auto` finds it there
+        fmt = ChatFormat(tok, template)
     model = build_tiny_qwen2(tok, hidden_size=policy_cfg.hidden_size, num_layers=policy_cfg.num_layers,
                              num_heads=policy_cfg.num_heads, num_kv_heads=policy_cfg.num_kv_heads,
                              intermediate_size=policy_cfg.intermediate_size, seed=warm_cfg.seed)
     meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg)}
     if warm_cfg.enabled:
         # Training episodes use seeds disjoint from the tokenizer corpus and from validation.
-        episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000)
+        episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, fmt=fmt)
         data = _tokenize(episodes, tok)
         losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
                                  lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)

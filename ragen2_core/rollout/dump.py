@@ -10,7 +10,10 @@ the ids reproduce the in-training scores exactly). Fields of one line:
     env_seed         environment seed of the episode
     episode_reward   summed reward; success: whether the episode solved the task
     n_turns          turns played
-    context          text before the first reasoning token (system text + first state, ends "<think>")
+    context          text before the first reasoning token (system text + first state, ends "<think>"),
+                     chat-template control tokens included
+    system, user     the system text and the first user message, so a scorer can render the context
+                     in its own format (absent in files written before these fields)
     reasoning        first turn's reasoning text (strictly between <think> and </think>)
     reasonings       every turn's reasoning text, in order
     responses        every turn's full reply text (starts with "<think>")
@@ -44,12 +47,13 @@ def episode_records(batch: RolloutBatch, tok, *, step: int) -> list[dict]:
             "version": VERSION, "step": int(step), "group_id": int(batch.group_ids[b]),
             "env_seed": int(batch.env_seeds[b]), "episode_reward": float(batch.episode_reward[b]),
             "success": bool(batch.success[b]), "n_turns": int(batch.n_turns[b]),
-            "context": decode(context_ids), "reasoning": decode(first),
+            "context": tok.decode(context_ids), "reasoning": decode(first),
             "reasonings": [decode(t) for t in turns],
             "responses": list(batch.responses[b]) if batch.responses else [],
             "context_ids": list(context_ids), "reasoning_ids": list(first),
             "reasonings_ids": [list(t) for t in turns],
-        })
+        } | ({"system": batch.messages[b][0]["content"], "user": batch.messages[b][1]["content"]}
+             if batch.messages else {}))
     return records
 
 

@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from ragen2_core.envs.base import TextEnv
-from ragen2_core.rollout.prompt import first_chunk, next_chunk
+from ragen2_core.rollout.prompt import RAW, RawFormat, user_text
 from ragen2_core.types import RolloutBatch
 
 
@@ -123,6 +123,20 @@ class KVSession:
             logits = self._forward(tok[:, None], live.long()[:, None])
         return replies
 
+    def turn(self, chunks: list[list[int]], p: SamplingParams, stop_ids: torch.Tensor,
+             generator: torch.Generator | None) -> list[list[int]]:
+        """Append each row's new env text and sample its reply (the rollout loop's one call per turn)."""
+        if self.next_pos is None:
+            # Episodes of a group start from the same prompt: encode each distinct one once.
+            uniq = list(dict.fromkeys(map(tuple, chunks)))
+            owner = [uniq.index(tuple(c)) for c in chunks]
+            logits = self.append([list(u) for u in uniq])
+            self.keep(owner)
+            logits = logits[owner]
+        else:
+            logits = self.append(chunks)
+        return self.decode(logits, p, stop_ids, generator)
+
     def keep(self, rows: list[int]) -> None:
         """Keep the listed rows in that order: drops episodes that ended, and a row listed several
         times is copied (one shared prompt encoded once, then handed to every episode of its group)."""
@@ -153,15 +167,20 @@ def single_token_id(tokenizer, text: str) -> int | None:
 @torch.no_grad()
 def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: list[int],
             dynamics_seeds: list[int], group_ids: list[int], sampling: SamplingParams,
-            generator: torch.Generator | None = None) -> RolloutBatch:
-    """Play len(env_seeds) episodes to the end, all in one batch."""
+            generator: torch.Generator | None = None, fmt: RawFormat = RAW, session=None) -> RolloutBatch:
+    """Play len(env_seeds) episodes to the end, all in one batch; ``fmt`` renders the conversation
+    (rollout/prompt.py: raw text or a chat template). ``session`` generates the replies: by default
+    a :class:`KVSession` on ``model``; anything with the same ``turn`` and ``keep`` (the vLLM
+    backend, rollout/vllm_backend.py) plays the same episodes."""
     was_training = model.training
     model.eval()
     B = len(env_seeds)
     envs = [make_env() for _ in range(B)]
     obs = [env.reset(s, dynamics_seed=d) for env, s, d in zip(envs, env_seeds, dynamics_seeds)]
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-    stop = [t for t in (single_token_id(tokenizer, "</answer>"), tokenizer.eos_token_id) if t is not None]
+    # A chat template's end-of-turn token also ends a reply; the template supplies it otherwise.
+    eot = single_token_id(tokenizer, fmt.end_of_turn) if fmt.end_of_turn else None
+    stop = [t for t in (single_token_id(tokenizer, "</answer>"), tokenizer.eos_token_id, eot) if t is not None]
     stop_ids = torch.tensor(stop, dtype=torch.long, device=next(model.parameters()).device)
     close_id = single_token_id(tokenizer, "</think>")
 
@@ -173,11 +192,12 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     step_infos = [[] for _ in range(B)]
     episode_reward, n_valid = [0.0] * B, [0] * B
     n_turns, success, truncated = [0] * B, [False] * B, [False] * B
-    chunks = [enc(first_chunk(env.system_prompt(), o, env.actions_left, sampling.max_new_tokens))
-              for env, o in zip(envs, obs)]
+    convs = [fmt.start(env.system_prompt(), user_text(1, o, env.actions_left, sampling.max_new_tokens))
+             for env, o in zip(envs, obs)]
+    chunks = [enc(c.text) for c in convs]
     prompt_len = [len(c) for c in chunks]
 
-    session = KVSession(model, tokenizer.pad_token_id)
+    session = session if session is not None else KVSession(model, tokenizer.pad_token_id)
     active = list(range(B))
     while active:
         # Episodes whose next turn could not fit in the context end here, truncated.
@@ -186,22 +206,15 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
         if len(fits) < len(active):
             for b in set(active) - set(fits):
                 truncated[b] = True
+                if len(convs[b].messages) > 2:
+                    convs[b].messages.pop()  # the user message whose piece did not fit
             keep_rows = [i for i, b in enumerate(active) if b in fits]
             if not fits:
                 break
             session.keep(keep_rows)
             chunks = [chunks[i] for i in keep_rows]
             active = fits
-        if session.next_pos is None:
-            # Episodes of a group start from the same prompt: encode each distinct one once.
-            uniq = list(dict.fromkeys(map(tuple, chunks)))
-            owner = [uniq.index(tuple(c)) for c in chunks]
-            logits = session.append([list(u) for u in uniq])
-            session.keep(owner)
-            logits = logits[owner]
-        else:
-            logits = session.append(chunks)
-        replies = session.decode(logits, sampling, stop_ids, generator)
+        replies = session.turn(chunks, sampling, stop_ids, generator)
         still, next_chunks = [], []
         for row, (b, chunk, reply) in enumerate(zip(active, chunks, replies)):
             start = len(token_ids[b]) + len(chunk)
@@ -209,7 +222,9 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
             think_spans[b].append((start + s, start + e))
             token_ids[b] += chunk + reply
             response_mask[b] += [0] * len(chunk) + [1] * len(reply)
-            text = "<think>" + tokenizer.decode(reply, skip_special_tokens=True)
+            said = tokenizer.decode(reply, skip_special_tokens=True)
+            text = "<think>" + said
+            convs[b].reply(said)
             result = envs[b].step(text)
             token_rewards[b] += [0.0] * (len(chunk) + len(reply))
             if reply:
@@ -223,8 +238,12 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
                 success[b] = bool(result.success)
                 continue
             still.append(row)
-            next_chunks.append(enc(next_chunk(result.reward, n_turns[b] + 1, result.observation,
-                                              envs[b].actions_left, sampling.max_new_tokens)))
+            piece = enc(convs[b].follow(user_text(n_turns[b] + 1, result.observation,
+                                                  envs[b].actions_left, sampling.max_new_tokens,
+                                                  reward=result.reward)))
+            if eot is not None and reply and reply[-1] == eot and piece[:1] == [eot]:
+                piece = piece[1:]  # the policy closed its turn itself
+            next_chunks.append(piece)
         if len(still) < len(active):
             if not still:
                 break
@@ -237,4 +256,6 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
         episode_reward=episode_reward, success=success, group_ids=list(group_ids),
         env_seeds=list(env_seeds), n_turns=n_turns, n_valid_turns=n_valid, think_spans=think_spans,
         prompt_len=prompt_len, responses=responses, truncated=truncated, step_infos=step_infos,
+        messages=[c.messages for c in convs],
+        behavior_logp=[session.logps[b] for b in range(B)] if hasattr(session, "logps") else [],
     )

@@ -12,6 +12,7 @@ import torch
 
 from ragen2_core.envs.base import TextEnv
 from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.prompt import RAW, RawFormat
 from ragen2_core.types import RolloutBatch
 
 
@@ -50,14 +51,16 @@ def batch_stats(batch: RolloutBatch, template: str | None = None) -> dict[str, f
 
 
 def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[int],
-             sampling: SamplingParams, seed: int = 0, chunk: int = 128) -> tuple[dict, RolloutBatch]:
+             sampling: SamplingParams, seed: int = 0, chunk: int = 128, fmt: RawFormat = RAW
+             ) -> tuple[dict, RolloutBatch]:
     """Play every seed once (dynamics seeded by the env seed, so the set is fixed); mean stats."""
     gen = torch.Generator().manual_seed(seed)
     parts = []
     for i in range(0, len(seeds), chunk):
         s = seeds[i:i + chunk]
         parts.append(rollout(model, tokenizer, make_env, env_seeds=s, dynamics_seeds=s,
-                             group_ids=list(range(i, i + len(s))), sampling=sampling, generator=gen))
+                             group_ids=list(range(i, i + len(s))), sampling=sampling, generator=gen,
+                             fmt=fmt))
     batch = RolloutBatch(**{k: [x for p in parts for x in getattr(p, k)] for k in parts[0].__dict__})
     return batch_stats(batch, make_env().template_think), batch
 

@@ -37,6 +37,7 @@ from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
 from ragen2_core.rollout.engine import SamplingParams, rollout
 from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
+from ragen2_core.rollout.prompt import prompt_format
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
@@ -125,6 +126,8 @@ class Run:
     eval_sampling: SamplingParams
     monitor: StopMonitor
     policy_path: str
+    fmt: object                 # raw text or the policy's chat template (rollout/prompt.py)
+    vllm: object = None         # rollout.backend=vllm: the colocated engine
     # Running state that must survive a resume: the collapse EMAs and the cost counters.
     loop: dict = field(default_factory=lambda: {"collapse_ema": None, "cum_rollout_tokens": 0, "cum_wall_s": 0.0})
 
@@ -142,6 +145,7 @@ def run(cfg, sink) -> dict:
     # ================================================================ setup
     r = setup(cfg, sink)
     start_step = resume_or_start(r)
+    r.vllm = start_vllm(r)
     last_eval: dict = {}
     metrics: dict = {}
     stop_reason = "completed"
@@ -180,6 +184,8 @@ def run(cfg, sink) -> dict:
         elif kept_anywhere:
             stand_in = [b for b, g in enumerate(batch.group_ids) if g == batch.group_ids[0]]
             update(r, batch.select(stand_in), sel.row_weight[stand_in], step, sel.scale, weight=0.0)
+        if r.vllm and kept_anywhere:
+            r.vllm.sync(r.actor.module)
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ metrics: cost
@@ -244,7 +250,8 @@ def setup(cfg, sink) -> Run:
     r = Run(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
             reference=reference, tok=tok, make_env=make_env, template=make_env().template_think,
             objective=objective, whiten=whiten_adv, micro=micro, sampling=sampling, eval_sampling=eval_sampling,
-            monitor=StopMonitor(cfg.stops), policy_path=str(policy_path))
+            monitor=StopMonitor(cfg.stops), policy_path=str(policy_path),
+            fmt=prompt_format(tok, cfg.policy.chat_template))
     return r
 
 
@@ -267,6 +274,15 @@ def resume_or_start(r: Run) -> int:
     return start_step
 
 
+def start_vllm(r: Run):
+    """rollout.backend=vllm: a colocated engine, given the (possibly resumed) weights now and after each update."""
+    if r.cfg.rollout.backend != "vllm":
+        return None
+    from ragen2_core.rollout.vllm_backend import VLLMEngine
+    return VLLMEngine(r.actor.module, dtype=r.cfg.policy.dtype, max_context_tokens=r.cfg.rollout.max_context_tokens,
+                      memory_gb=r.cfg.rollout.vllm_memory_gb, seed=r.cfg.train.seed)
+
+
 def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     """Sample the step's groups; returns the batch, its [G, S] float64 episode rewards and `rollout/*`."""
     rcfg, seed = r.cfg.rollout, r.cfg.train.seed
@@ -278,7 +294,8 @@ def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
     t0 = time.perf_counter()
     batch = rollout(r.actor.module, r.tok, r.make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
-                    group_ids=group_ids, sampling=r.sampling, generator=gen)
+                    group_ids=group_ids, sampling=r.sampling, generator=gen, fmt=r.fmt,
+                    session=r.vllm.session(len(env_seeds)) if r.vllm else None)
     rollout_s = time.perf_counter() - t0
     # float64: the spread statistics and the zero-spread test see the rewards as the env gave them.
     group_rewards = torch.tensor(batch.episode_reward, dtype=torch.float64).view(rcfg.n_groups, rcfg.group_size)
@@ -286,6 +303,8 @@ def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     metrics = rollout_metrics(batch, group_rewards, rollout_tokens, r.template)
     metrics |= {"time/rollout_s": rollout_s, "perf/tokens_per_s": rollout_tokens / max(rollout_s, 1e-9),
                 "cost/rollout_tokens": rollout_tokens}
+    if r.vllm:
+        metrics |= r.vllm.mismatch(r.actor.module, batch, pad_id=r.tok.pad_token_id, micro=r.micro)
     return batch, group_rewards, metrics
 
 
@@ -361,7 +380,7 @@ def validate(r: Run, step: int) -> tuple[dict, dict]:
     """`eval/*` on the fixed validation seeds (rank 0); logs three sample episodes as text."""
     t0 = time.perf_counter()
     stats, eval_batch = evaluate(r.actor.module, r.tok, r.make_env, seeds=val_seeds(r.cfg.env),
-                                 sampling=r.eval_sampling, seed=r.cfg.train.seed)
+                                 sampling=r.eval_sampling, seed=r.cfg.train.seed, fmt=r.fmt)
     last_eval = {f"eval/{k}": v for k, v in stats.items()}
     r.sink.log_text(sample_text(eval_batch, r.tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
     return last_eval, last_eval | {"time/eval_s": time.perf_counter() - t0}
