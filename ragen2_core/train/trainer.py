@@ -131,7 +131,7 @@ def run(cfg, sink) -> dict:
             print(f"[train] resumed from {found} at step {start_step}", flush=True)
     if start_step == 0:
         sink.log_params(flatten(cfg))
-        sink.set_tags(run_tags(config_hash(cfg), seed, git_sha()) | {"ragen2.policy": str(policy_path)})
+        sink.set_tags(run_tags(config_hash(cfg), seed, git_sha(Path(__file__).parent)) | {"ragen2.policy": str(policy_path)})
         sink.log_text(dump_yaml(cfg), "config.yaml")
 
     last_eval: dict = {}
