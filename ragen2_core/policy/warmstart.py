@@ -14,6 +14,7 @@ looked up in the cache, then there, and built only when neither has its key.
 
     path = embedded_policy_path(policy_cfg, warmstart_cfg, env_cfg)   # builds on first call
     path = embedded_policy_path(..., rebuild=True)                     # from scratch, into the cache
+    ship(path)                                                         # copy it among the shipped ones
     model = AutoModelForCausalLM.from_pretrained(path)
 """
 from __future__ import annotations
@@ -213,4 +214,23 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def ship(path: Path) -> Path:
+    """Copy a built policy into the shipped folder (for the repository; atomic: temp + rename)."""
+    final = SHIPPED / path.name
+    if path.resolve() == final.resolve():
+        return final
+    SHIPPED.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=SHIPPED))
+    try:
+        for f in sorted(path.iterdir()):
+            shutil.copyfile(f, tmp / f.name)
+        if final.is_symlink():
+            final.unlink()
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final

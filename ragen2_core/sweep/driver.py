@@ -175,6 +175,10 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     # ------------------------------------------------------------ Ray Tune
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # eval metrics come every eval_every steps only
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 this silences Tune: Progress reports instead
+    # Ray runs its workers at niceness 15 (ray-project/ray#24928) so they never starve its own
+    # daemons; here the workers are the trials, and at 15 they lose the CPU to the driver, Ray's
+    # daemons and anything else on the machine (a local cluster only: `ray start` sets its own).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # "local" starts a private cluster even where another `ray start` cluster runs on this machine.
     ray.init(address=spec.ray.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              configure_logging=True, logging_level="warning")

@@ -151,6 +151,11 @@ def test_shipped_policy_is_found_without_a_build_and_rebuilt_on_request(tmp_path
     # a second rebuild replaces the cached copy in place; no temporary folder is left behind
     assert warmstart.embedded_policy_path(*_sections(cfg), rebuild=True) == rebuilt
     assert sorted(p.name for p in (tmp_path / "user-cache").iterdir()) == [".build.lock", built.name]
+    # shipping copies the files (not a link into someone's cache) next to the other shipped ones
+    copy = warmstart.ship(rebuilt)
+    assert copy == shipped / built.name and not copy.is_symlink()
+    assert sorted(f.name for f in copy.iterdir()) == sorted(f.name for f in rebuilt.iterdir())
+    assert warmstart.find_policy(*_sections(tiny_cfg(tmp_path / "empty")))[1] == "shipped"
 
 
 def _sections(cfg):
