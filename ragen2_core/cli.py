@@ -2,7 +2,7 @@
 
     ragen2 train --config FILE [--set key=value ...] [--tracking-uri URI] [--resume]
     ragen2 eval [--config FILE] [--set key=value ...] [--episodes N] [--sample] [--show K]
-    ragen2 warmstart [--config FILE] [--set key=value ...]     # build / locate the cached embedded policy
+    ragen2 warmstart [--config FILE] [--set key=value ...] [--rebuild] [--ship]   # locate (cached, shipped) or build the embedded policy
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
     ragen2 mi --rollouts FILE --model PATH_OR_NAME [...]       # MI proxy on dumped rollouts, see docs/mi.md
     ragen2 sweep SPEC.yaml [--dry-run] [--resume] [...]      # = python sweeps/run.py, see docs/sweeps.md
@@ -42,11 +42,20 @@ def cmd_config(cfg, args) -> int:
 
 
 def cmd_warmstart(cfg, args) -> int:
-    from ragen2_core.policy.load import resolve_policy_path
+    from ragen2_core.policy.warmstart import embedded_policy_path, find_policy, ship
+    if cfg.policy.model != "embedded":
+        print(f"policy: {cfg.policy.model} (policy.model is not embedded: nothing to build)")
+        return 0
     _threads(cfg)
     t0 = time.time()
-    path = resolve_policy_path(cfg.policy, cfg.warmstart, cfg.env)
-    print(f"policy: {path} ({time.time() - t0:.1f}s)")
+    _, where = find_policy(cfg.policy, cfg.warmstart, cfg.env)
+    path = embedded_policy_path(cfg.policy, cfg.warmstart, cfg.env, rebuild=args.rebuild)
+    how = "built" if args.rebuild or where == "missing" else where
+    print(f"policy: {path} ({how}, {time.time() - t0:.1f}s)")
+    if args.ship:
+        shipped = ship(path)
+        size = sum(f.stat().st_size for f in shipped.iterdir())
+        print(f"shipped: {shipped} ({size / 2**20:.1f} MB); commit it to the repository")
     return 0
 
 
@@ -139,8 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--episodes", type=int, default=0, help="first N validation seeds (0 = all)")
     p.add_argument("--sample", action="store_true", help="sample with the rollout settings (default greedy)")
     p.add_argument("--show", type=int, default=2, help="print this many trajectories")
-    p = sub.add_parser("warmstart", help="build or locate the cached embedded policy")
+    p = sub.add_parser("warmstart", help="locate (cached, shipped) or build the embedded policy")
     _config_args(p)
+    p.add_argument("--rebuild", action="store_true",
+                   help="build it from scratch into policy.cache_dir even if a cached or shipped copy exists")
+    p.add_argument("--ship", action="store_true",
+                   help="copy the policy into ragen2_core/policy/shipped/, where a fresh clone finds it")
     p = sub.add_parser("config", help="print the resolved config (or --describe every field)")
     _config_args(p)
     p.add_argument("--describe", action="store_true")

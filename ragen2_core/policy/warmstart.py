@@ -8,9 +8,13 @@ the template under RL.
 
 The result is saved with ``save_pretrained`` under ``<cache_dir>/embedded-<key>/`` where ``key``
 hashes everything that shapes it; building is atomic (temp dir + rename) and locked, so parallel
-trials build it once.
+trials build it once. The policies of the shipped configs (the demo's and the reproduction study's)
+are kept, built by this same code, in ``ragen2_core/policy/shipped/embedded-<key>/``: a policy is
+looked up in the cache, then there, and built only when neither has its key.
 
     path = embedded_policy_path(policy_cfg, warmstart_cfg, env_cfg)   # builds on first call
+    path = embedded_policy_path(..., rebuild=True)                     # from scratch, into the cache
+    ship(path)                                                         # copy it among the shipped ones
     model = AutoModelForCausalLM.from_pretrained(path)
 """
 from __future__ import annotations
@@ -39,6 +43,7 @@ FORMAT_VERSION = 3
 TOKENIZER_EPISODES = 400      # expert episodes per env that the BPE is trained on
 REPLY_BUDGET = 96             # the budget number the expert prompts show (rollout.max_new_tokens)
 LATER_ENVS = ("math", "code")  # env sections outside the key unless listed in warmstart.envs
+SHIPPED = Path(__file__).parent / "shipped"  # policies kept in the repository, so a clone needs no warm start
 
 
 def reply_text(think: str, actions: list[str]) -> str:
@@ -193,22 +198,60 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
     return meta
 
 
-def embedded_policy_path(policy_cfg, warm_cfg, env_cfg) -> Path:
-    """Path of the cached embedded policy, built (once, under a file lock) if missing."""
+def find_policy(policy_cfg, warm_cfg, env_cfg) -> tuple[Path, str]:
+    """(where the policy with this key is or would be built, "cached" | "shipped" | "missing")."""
+    name = f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
+    cached = Path(os.path.expanduser(policy_cfg.cache_dir)) / name
+    if (cached / EMBEDDED_MARKER).exists():
+        return cached, "cached"
+    if (SHIPPED / name / EMBEDDED_MARKER).exists():
+        return SHIPPED / name, "shipped"
+    return cached, "missing"
+
+
+def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -> Path:
+    """Path of the embedded policy: the cached or shipped one, else built (once, under a file lock)
+    into the cache. ``rebuild`` builds it from scratch into the cache whatever exists; the cached
+    copy then takes precedence over a shipped one."""
+    found, where = find_policy(policy_cfg, warm_cfg, env_cfg)
+    if where != "missing" and not rebuild:
+        return found
     root = Path(os.path.expanduser(policy_cfg.cache_dir))
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
-    if (final / EMBEDDED_MARKER).exists():
-        return final
     with open(root / ".build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / EMBEDDED_MARKER).exists():  # built by another process while we waited
+        if (final / EMBEDDED_MARKER).exists() and not rebuild:  # built by another process while we waited
             return final
         print(f"[warmstart] building embedded policy -> {final}", flush=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        old = root / f".old-{final.name}"
         try:
             build_embedded(tmp, policy_cfg, warm_cfg, env_cfg)
+            if final.exists():  # a rebuild: the old copy steps aside only once the new one is whole
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
             os.replace(tmp, final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def ship(path: Path) -> Path:
+    """Copy a built policy into the shipped folder (for the repository; atomic: temp + rename)."""
+    final = SHIPPED / path.name
+    if path.resolve() == final.resolve():
+        return final
+    SHIPPED.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=SHIPPED))
+    try:
+        for f in sorted(path.iterdir()):
+            shutil.copyfile(f, tmp / f.name)
+        if final.is_symlink():
+            final.unlink()
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return final

@@ -1,6 +1,6 @@
 """Build the comparative PDF report of one sweep, with its tables as CSV and JSON beside it.
 
-    ragen2 report --experiment kl_vs_filter [--tracking-uri URI] [--out reports/out/kl_vs_filter.pdf]
+    ragen2 report --experiment kl_vs_filter [--instance ID] [--tracking-uri URI] [--out reports/out/kl_vs_filter.pdf]
                   [--baseline nofilter] [--include-running] [--png-dir docs/figures]
     python reports/build.py --experiment kl_vs_filter                  # the same
 
@@ -9,7 +9,8 @@
     pdf, summary = build(tracking_uri, "kl_vs_filter", out)          # summary: the main table and more
 
 Writes <out>.pdf, <stem>.json (summary) and <stem>.<table>.csv for table, comparisons, predictors,
-cost and trials. Exit status: 0 built; 2 unknown experiment (the message lists those that exist).
+cost and trials. The sweep's latest instance is reported unless --instance names another.
+Exit status: 0 built; 2 unknown experiment or instance (the message lists those that exist).
 """
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def provenance(sweep: Sweep) -> dict:
     here = ", ".join(f"{p} {_version(p)}" for p in ("numpy", "scipy", "matplotlib", "mlflow"))
     starts = [t.start_ms for t in ts if t.start_ms]
     ends = [t.end_ms for t in ts if t.end_ms]
-    sweep_dates = (f"sweep run {_date(sweep.parent['start_ms'])} to {_date(sweep.parent['end_ms'])} "
+    instance = sweep.parent["tags"].get("ragen2.instance") if sweep.parent else None
+    sweep_dates = ((f"instance {instance}: " if instance else "")
+                   + f"sweep run {_date(sweep.parent['start_ms'])} to {_date(sweep.parent['end_ms'])} "
                    f"({sweep.parent['status']}); " if sweep.parent else "")
     return {"question": question(sweep.spec_text), "counts": counts, "git": ", ".join(shas) or "unknown",
             "hashes": f"{len(hashes)} distinct over {len(ts)} trials"
@@ -162,12 +165,13 @@ def trial_rows(sweep: Sweep) -> list[dict]:
 # ----------------------------------------------------------------------------- the build
 
 def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Optional[str] = None,
-          include_running: bool = False, png_dir: str | Path | None = None) -> tuple[Path, dict]:
+          include_running: bool = False, png_dir: str | Path | None = None,
+          instance: Optional[str] = None) -> tuple[Path, dict]:
     """Collect, analyse, draw; returns the PDF path and the summary written beside it as JSON.
     With ``png_dir`` every page is also saved there as a small PNG (``<experiment>-pNN.png``), for
     documents that show a report's figures."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    sweep = collect(tracking_uri, experiment)
+    sweep = collect(tracking_uri, experiment, instance=instance)
     if baseline is None and "nofilter" in sweep.arms:
         baseline = "nofilter"
     if baseline is not None and baseline not in sweep.arms:
@@ -210,15 +214,16 @@ def save_pngs(pages, png_dir: Path, experiment: str, dpi: int = 60) -> None:
         os.replace(tmp, final)
 
 
-def build_report(tracking_uri: str, experiment: str, out_path: str | Path) -> Path:
+def build_report(tracking_uri: str, experiment: str, out_path: str | Path, instance: Optional[str] = None) -> Path:
     """For the sweep driver: build and return the PDF path."""
-    return build(tracking_uri, experiment, out_path)[0]
+    return build(tracking_uri, experiment, out_path, instance=instance)[0]
 
 
 # ----------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experiment", required=True, help="MLflow experiment of the sweep (its spec name)")
+    parser.add_argument("--instance", help="sweep instance to report, e.g. 2026-12-03_20-05-11 (default: the latest)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--out", help="PDF path (default: reports/out/<experiment>.pdf)")
     parser.add_argument("--baseline", help="arm every other arm is compared with (default: nofilter, if present)")
@@ -269,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running, args.png_dir)
+        pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running, args.png_dir,
+                             instance=args.instance)
     except (UnknownExperiment, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

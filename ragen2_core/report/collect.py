@@ -2,7 +2,8 @@
 
     from ragen2_core.report.collect import collect, UnknownExperiment
 
-    sweep = collect("sqlite:///mlflow.db", "kl_vs_filter")
+    sweep = collect("sqlite:///mlflow.db", "kl_vs_filter")            # its latest instance
+    sweep = collect(uri, "kl_vs_filter", instance="2026-12-03_20-05-11")  # a named one
     for t in sweep.trials:
         t.arm, t.condition, t.seed, t.status, t.final("eval/success"), t.curve("collapse/mi")
     sweep.expected    # every planned trial (the parent's trials.csv), started or not
@@ -36,6 +37,7 @@ METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_zsc
            "eval/success_grounded", "eval/success_template", "actor/reg_to_task_grad_ratio",
            "rollout/frac_zero_std_groups", "cost/cum_rollout_tokens", "cost/cum_wall_s")
 PARENT = "mlflow.parentRunId"
+INSTANCE = "ragen2.instance"  # sweep/instances.py
 NOT_AXES = {"train.seed", "train.output_dir", "train.resume", "train.threads"}
 
 
@@ -164,7 +166,8 @@ def experiment_names(client: MlflowClient) -> list[str]:
 
 # ----------------------------------------------------------------------------- the sweep
 
-def collect(tracking_uri: str, experiment: str, metrics=METRICS) -> Sweep:
+def collect(tracking_uri: str, experiment: str, metrics=METRICS, instance: Optional[str] = None) -> Sweep:
+    """The sweep's latest instance (latest parent run), or the one named by ``instance``."""
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -184,9 +187,17 @@ def collect(tracking_uri: str, experiment: str, metrics=METRICS) -> Sweep:
                                 "nothing to report; run the sweep first, or pick another experiment: "
                                 f"{', '.join(experiment_names(client))}")
     parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
+    if instance is not None:
+        named = [r for r in parents if r.data.tags.get(INSTANCE) == instance]
+        if not named:
+            have = ", ".join(sorted({r.data.tags[INSTANCE] for r in parents if r.data.tags.get(INSTANCE)})) or "none"
+            raise UnknownExperiment(f"experiment {experiment!r} at {tracking_uri} has no sweep instance {instance!r}; "
+                                    f"its instances: {have}. Leave --instance out for the latest.")
+        parents = named
     parent = max(parents, key=lambda r: r.info.start_time or 0) if parents else None
-    if len(parents) > 1:
-        notes.append(f"{len(parents)} sweep runs in this experiment; reporting the latest ({parent.info.run_id}).")
+    if len(parents) > 1 and instance is None:
+        notes.append(f"{len(parents)} sweep instances in this experiment; reporting the latest, "
+                     f"{parent.data.tags.get(INSTANCE) or parent.info.run_id} (name another with --instance).")
     if parent is None:
         notes.append("no sweep run (tag ragen2.role=sweep) in this experiment: every run is treated as a trial.")
         children = [r for r in runs if r.data.tags.get("ragen2.role") != "sweep"]

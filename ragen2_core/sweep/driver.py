@@ -1,10 +1,14 @@
-"""Sweep driver: spec -> validated trials -> MLflow parent run -> Ray Tune -> summary.
+"""Sweep driver: spec -> validated trials -> instance -> MLflow parent run -> Ray Tune -> summary.
 
-    python sweeps/run.py ablations/kl_vs_filter.yaml [--dry-run] [--resume] [--tracking-uri URI]
+    python sweeps/run.py ablations/kl_vs_filter.yaml [--dry-run] [--resume [INSTANCE]] [--tracking-uri URI]
                          [--address ADDR] [--progress-every S]
 
-Exit status: 0 every trial finished; 1 some trial failed; 2 invalid spec, or results already
-exist and --resume was not given (nothing started); 130 interrupted (continue with --resume).
+Each plain run starts a new instance of the sweep (its own folder and MLflow parent run); --resume
+continues the latest instance, --resume INSTANCE a named one (sweep/instances.py).
+
+Exit status: 0 every trial finished; 1 some trial failed; 2 invalid spec, or nothing to resume, or
+the spec changed since the resumed instance started (nothing started); 130 interrupted (continue
+with --resume).
 """
 from __future__ import annotations
 
@@ -19,7 +23,8 @@ from pathlib import Path
 
 from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SpecError, SweepSpec
-from ragen2_core.sweep.trials import Trial, load_spec, spec_hash
+from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
+from ragen2_core.sweep.trials import Trial, load_spec, make_trial, spec_hash
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -96,22 +101,23 @@ def _refuse(msg: str) -> int:
 
 
 def write_report(uri: str, spec: SweepSpec, parent, out: Path) -> Path | None:
-    """The comparative PDF (and its tables) of the sweep, logged to the parent run. A report that
+    """The comparative PDF (and its tables) of this instance, logged to the parent run. A report that
     fails to build must not cost the sweep: it is reported, and `ragen2 report` can retry it."""
     from ragen2_core.report.build import build_report
     try:
-        pdf = build_report(uri, spec.experiment, out)
+        pdf = build_report(uri, spec.experiment, out, instance=spec.instance)
     except Exception as err:  # noqa: BLE001 (any failure here is the report's, not the sweep's)
-        print(f"report: not built ({type(err).__name__}: {err}); retry with "
-              f"ragen2 report --experiment {spec.experiment} --tracking-uri {uri}", file=sys.stderr)
+        print(f"report: not built ({type(err).__name__}: {err}); retry with ragen2 report --experiment "
+              f"{spec.experiment} --instance {spec.instance} --tracking-uri {uri}", file=sys.stderr)
         return None
     for f in sorted(pdf.parent.glob(f"{pdf.stem}.*")):
         parent.log_artifact(f, "report")
     return pdf
 
 
-def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_every: float = 30.0,
+def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None, progress_every: float = 30.0,
               report_out: Path | None = None) -> int:
+    """resume: None starts a new instance; LATEST or an instance id continues that instance."""
     import ray
     from mlflow.tracking import MlflowClient
     from ray import tune
@@ -127,26 +133,38 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
     digest = spec_hash(spec)
     exp = client.get_experiment_by_name(spec.experiment)
     parents = find_runs(client, exp.experiment_id, ragen2__role="sweep", ragen2__sweep=spec.name) if exp else []
+    old = None
+    if resume is not None:
+        known = known_instances(spec, parents)
+        instance = pick(known, resume)
+        if instance is None:
+            have = ", ".join(known) or "none"
+            return _refuse(f"sweep '{spec.name}' has no instance {'to resume' if resume == LATEST else repr(resume)} "
+                           f"(instances in {spec.sweep_root} or experiment '{spec.experiment}': {have}). "
+                           "Start a new one without --resume, or name one of these: --resume INSTANCE.")
+        spec.instance, old = instance, known[instance]
+        if old and old.data.tags.get("ragen2.sweep_hash") != digest:
+            return _refuse(f"the spec of sweep '{spec.name}' changed since instance {instance} started (hash "
+                           f"{old.data.tags.get('ragen2.sweep_hash')} -> {digest}); a resumed instance must run "
+                           "the same trials. Restore the spec, or run it without --resume: a new instance.")
+    else:
+        spec.instance = new_instance(spec)
+    # Each trial's output folder lies inside its instance's folder.
+    trials = [make_trial(spec, t.arm, t.values, t.seed) for t in trials]
     exp_dir = spec.sweep_dir
-    tune_state = tune.Tuner.can_restore(str(exp_dir))
-    if (parents or tune_state or (exp_dir / "trials").exists()) and not resume:
-        where = f"MLflow run {parents[0].info.run_id} in experiment '{spec.experiment}'" if parents else str(exp_dir)
-        return _refuse(f"sweep '{spec.name}' already has results ({where}). Continue it with --resume; "
-                       f"to start over, use another `name:` or delete {exp_dir} and that MLflow run.")
-    if parents and parents[0].data.tags.get("ragen2.sweep_hash") != digest:
-        return _refuse(f"the spec of sweep '{spec.name}' changed since it started (hash "
-                       f"{parents[0].data.tags.get('ragen2.sweep_hash')} -> {digest}); a resumed sweep must run "
-                       "the same trials. Restore the spec or give the new one another `name:`.")
+    tune_state = resume is not None and tune.Tuner.can_restore(str(exp_dir))
 
     # ------------------------------------------------------------ parent run (created before Ray: one writer)
-    if parents:
-        parent = MlflowSink(tracking_uri=uri, run_id=parents[0].info.run_id)
-        print(f"sweep: resuming '{spec.name}' (MLflow run {parent.run_id})")
+    if old:
+        parent = MlflowSink(tracking_uri=uri, run_id=old.info.run_id)
+        print(f"sweep: resuming '{spec.name}' instance {spec.instance} (MLflow run {parent.run_id}, folder {exp_dir})")
     else:
-        parent = MlflowSink(tracking_uri=uri, experiment=spec.experiment, run_name=spec.name,
-                            tags={"ragen2.role": "sweep", "ragen2.sweep": spec.name, "ragen2.sweep_hash": digest,
+        parent = MlflowSink(tracking_uri=uri, experiment=spec.experiment, run_name=f"{spec.name}/{spec.instance}",
+                            tags={"ragen2.role": "sweep", "ragen2.sweep": spec.name, TAG: spec.instance,
+                                  "ragen2.sweep_hash": digest,
                                   "ragen2.git_sha": git_sha(Path(__file__).parent) or "unknown",
                                   "ragen2.trials": str(len(trials))})
+        print(f"sweep: '{spec.name}' instance {spec.instance} (MLflow run {parent.run_id}, folder {exp_dir})")
         parent.log_params({f"spec.{k}": v for k, v in flatten_spec(spec).items()})
         parent.log_text(spec.text, "spec.yaml")
         parent.log_text(to_csv(trial_table(spec, trials)), "trials.csv")
@@ -157,6 +175,10 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
     # ------------------------------------------------------------ Ray Tune
     os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")  # eval metrics come every eval_every steps only
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 this silences Tune: Progress reports instead
+    # Ray runs its workers at niceness 15 (ray-project/ray#24928) so they never starve its own
+    # daemons; here the workers are the trials, and at 15 they lose the CPU to the driver, Ray's
+    # daemons and anything else on the machine (a local cluster only: `ray start` sets its own).
+    os.environ.setdefault("RAY_worker_niceness", "0")
     # "local" starts a private cluster even where another `ray start` cluster runs on this machine.
     ray.init(address=spec.ray.address or "local", include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              configure_logging=True, logging_level="warning")
@@ -175,7 +197,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
     stopper = CollapseStopper(spec.stopper.metric, spec.stopper.below, spec.stopper.patience) if spec.stopper else None
     name_of = lambda trial: resolve(spec, by_id, trial.config).trial_id  # noqa: E731 (Tune wants a callable)
 
-    if resume and tune_state:
+    if tune_state:
         tuner = tune.Tuner.restore(str(exp_dir), trainable, resume_unfinished=True, resume_errored=True)
         # The restored RunConfig holds the callbacks pickled by the first run; use this run's live ones.
         run_config = tuner._local_tuner.get_run_config()
@@ -197,7 +219,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
                 # imported and initialised once per worker instead of once per trial.
                 reuse_actors=not multi),
             run_config=tune.RunConfig(
-                name=spec.name, storage_path=str(exp_dir.parent), stop=stopper, callbacks=[tracker, progress],
+                name=spec.instance, storage_path=str(spec.sweep_root), stop=stopper, callbacks=[tracker, progress],
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=0, log_to_file=True))
         progress.done_before = len(finished)
     interrupted = False
@@ -223,13 +245,14 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: bool, progress_ev
         print("\nfailed trials:\n" + to_text([r for r in per_trial if r["status"] == "FAILED"]))
     pdf = write_report(uri, spec, parent, report_out) if report_out else None
     parent.close("KILLED" if interrupted else ("FAILED" if failed else "FINISHED"))
-    print(f"\nMLflow: experiment '{spec.experiment}' (id {parent.experiment_id}), sweep run {parent.run_id}\n"
+    print(f"\nMLflow: experiment '{spec.experiment}' (id {parent.experiment_id}), sweep run {parent.run_id} "
+          f"(instance {spec.instance})\n"
           f"  browse: mlflow ui --backend-store-uri {uri}   then open "
           f"http://127.0.0.1:5000/#/experiments/{parent.experiment_id}/runs")
     if pdf:
         print(f"report: {pdf}")
     if interrupted:
-        print(f"sweep interrupted; continue with: python sweeps/run.py {spec.path} --resume")
+        print(f"sweep interrupted; continue with: python sweeps/run.py {spec.path} --resume {spec.instance}")
         return EXIT_INTERRUPTED
     return EXIT_FAILED if failed else EXIT_OK
 
@@ -279,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", help="sweep spec YAML, e.g. ablations/kl_vs_filter.yaml")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded trial table and exit")
-    parser.add_argument("--resume", action="store_true", help="continue a sweep that already has results")
+    parser.add_argument("--resume", nargs="?", const=LATEST, metavar="INSTANCE",
+                        help="continue the latest instance of the sweep, or the named one (default: start a new instance)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: spec, $MLFLOW_TRACKING_URI, ./mlflow.db)")
     parser.add_argument("--address", help="join an existing Ray cluster, e.g. auto or ray://head:10001")
     parser.add_argument("--progress-every", type=float, default=30.0, metavar="S",

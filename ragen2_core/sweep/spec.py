@@ -116,7 +116,9 @@ class SweepSpec:
     tracking: TrackingSpec = opt(TrackingSpec, "MLflow")
     ray: RaySpec = opt(RaySpec, "Ray cluster")
 
-    # read_spec also sets `path` (the spec file) and `text` (its YAML): attributes, not spec keys.
+    # read_spec also sets `path` (the spec file) and `text` (its YAML), and the driver `instance`
+    # (which run of the sweep this is, docs/sweeps.md): attributes, not spec keys.
+    instance = ""
 
     @property
     def base_path(self) -> Path:
@@ -127,8 +129,14 @@ class SweepSpec:
         return self.tracking.experiment or self.name
 
     @property
-    def sweep_dir(self) -> Path:
+    def sweep_root(self) -> Path:
+        """<storage>/<name>: the folder holding one folder per instance."""
         return (Path(self.storage) / self.name).resolve()
+
+    @property
+    def sweep_dir(self) -> Path:
+        """<storage>/<name>/<instance>: this instance's Tune state and trial outputs."""
+        return self.sweep_root / self.instance if self.instance else self.sweep_root
 
     @property
     def threads(self) -> int:

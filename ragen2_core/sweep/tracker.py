@@ -61,7 +61,8 @@ class SweepTracker(Callback):
         else:
             cfg = load_config(self.spec.base_path, t.overrides)
             tags = run_tags(config_hash(cfg), t.seed, self.sha) | {
-                "ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.trial_id": t.trial_id,
+                "ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.instance": self.spec.instance,
+                "ragen2.trial_id": t.trial_id,
                 "ragen2.arm": t.arm, "ragen2.group": t.group, "ragen2.output_dir": cfg.train.output_dir}
             sink = MlflowSink(tracking_uri=self.uri, experiment=self.spec.experiment, run_name=t.label,
                               parent_run_id=self.parent, tags=tags)
@@ -104,7 +105,12 @@ class SweepTracker(Callback):
         """What the trainer handed its sink, from the trial's folder (on a cluster: shared storage)."""
         side = out / SIDECAR
         if (side / "tags.json").exists():
-            sink.set_tags(json.loads((side / "tags.json").read_text()))
+            tags = json.loads((side / "tags.json").read_text())
+            # A worker whose copy of the code is no git checkout (a cluster's runtime_env) cannot tell
+            # its commit; the driver's, tagged when the run opened, is then the best record.
+            if tags.get("ragen2.git_sha") == "unknown":
+                del tags["ragen2.git_sha"]
+            sink.set_tags(tags)
         if (side / "texts").is_dir():
             sink.log_artifact(side / "texts")
         if (side / "artifacts.jsonl").exists():

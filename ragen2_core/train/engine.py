@@ -85,6 +85,7 @@ def init_distributed() -> tuple[int, int]:
         atexit.register(_remove, store)  # the store outlives the group; nothing reads it after exit
         torch.distributed.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{store}",
                                              rank=0, world_size=1)
+        _no_shm_comm()
         _deepspeed().init_distributed(dist_backend="nccl" if cuda else "gloo")
         return 0, 1
     if cuda:
@@ -98,6 +99,16 @@ def _remove(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def _no_shm_comm() -> None:
+    """A one-process group never communicates, so DeepSpeed's shared-memory allreduce op is not
+    needed; left to itself, its comm backend probes every op's compatibility (compiler test runs,
+    ~2 s per process) and JIT-compiles that op on a machine's first run (~30 s). DeepSpeed reads
+    the probe's result, ``deepspeed.ops.__compatible_ops__``, only to decide on that op."""
+    ops = _deepspeed().ops
+    if "__compatible_ops__" not in vars(ops):  # not probed yet (probing is lazy since 0.16)
+        ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
 def _world_size() -> int:

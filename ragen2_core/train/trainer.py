@@ -269,7 +269,7 @@ def resume_or_start(r: Run) -> int:
             print(f"[train] resumed from {found} at step {start_step}", flush=True)
     if start_step == 0:
         r.sink.log_params(flatten(cfg))
-        r.sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha()) | {"ragen2.policy": r.policy_path})
+        r.sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha(Path(__file__).parent)) | {"ragen2.policy": r.policy_path})
         r.sink.log_text(dump_yaml(cfg), "config.yaml")
     return start_step
 

@@ -1,8 +1,9 @@
 """A real sweep: real Ray Tune, real sqlite MLflow, the tiny policy, 2 training steps per trial.
 
 One trial is broken on purpose (its policy path does not exist): it must fail alone, be recorded
-as FAILED with its traceback, and make the driver exit 1. The slow tier kills the driver with
-SIGKILL mid-sweep and resumes it, and runs an Optuna search.
+as FAILED with its traceback, and make the driver exit 1. Running the spec again starts a second
+instance; `--resume INSTANCE` continues the first. The slow tier kills the driver with SIGKILL
+mid-sweep and resumes the latest instance, and runs an Optuna search.
 """
 import os
 import signal
@@ -14,6 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
+
+from ragen2_core.report.collect import collect
+from ragen2_core.tracking import git_sha
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [sys.executable, str(ROOT / "sweeps" / "run.py")]
@@ -92,22 +96,49 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     error = client.download_artifacts(broken.info.run_id, "error.txt", str(tmp_path))
     assert "no-such-model" in Path(error).read_text()
 
-    # the same command again refuses: results exist and --resume was not given
-    again = sweep(tmp_path, spec)
-    assert again.returncode == 2 and "--resume" in again.stderr
+    # every run carries the commit (and dirty flag) of the code that trained it, as the sweep run does
+    sha = parent.data.tags["ragen2.git_sha"]
+    assert {r.data.tags["ragen2.git_sha"] for r in children} == {sha}
+    if git_sha(ROOT) is not None:  # a git checkout (CI is): the tag names one of its commits
+        commit = sha.removesuffix("-dirty")
+        assert subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=ROOT).returncode == 0, sha
+    first_id = parent.data.tags["ragen2.instance"]
+    assert parent.info.run_name == f"e2e/{first_id}"
+    assert {r.data.tags["ragen2.instance"] for r in children} == {first_id}
+    assert Path(by_arm["a"].data.tags["ragen2.output_dir"]).parent.parent == tmp_path / "runs" / "e2e" / first_id
 
-    # --resume: finished trials are not rerun, no run is duplicated; the broken one is retried and fails again
+    # the same command again starts a new instance: its own folder, parent run and trial runs
+    again = sweep(tmp_path, spec, "--no-report")
+    assert again.returncode == 1, again.stdout[-3000:] + again.stderr[-3000:]
+    _, parents2, children2 = runs_of(uri, "e2e")
+    assert len(parents2) == 2 and len(children2) == 6
+    second = next(p for p in parents2 if p.info.run_id != parent.info.run_id)
+    second_id = second.data.tags["ragen2.instance"]
+    assert second_id != first_id and second.info.run_name == f"e2e/{second_id}"
+    assert sorted(p.name for p in (tmp_path / "runs" / "e2e").iterdir()) == sorted([first_id, second_id])
+    assert all((tmp_path / "runs" / "e2e" / i / "trials").is_dir() for i in (first_id, second_id))
+    # reports read the latest instance unless told another
+    assert collect(uri, "e2e").parent["tags"]["ragen2.instance"] == second_id
+    assert collect(uri, "e2e", instance=first_id).parent["run_id"] == parent.info.run_id
+
+    # --resume with a name continues that instance (not the latest): finished trials are not rerun,
+    # no run is duplicated; the broken one is retried and fails again
     done = {arm: Path(by_arm[arm].data.tags["ragen2.output_dir"]) / "result.json" for arm in ("a", "kl")}
     stamps = {arm: p.stat().st_mtime_ns for arm, p in done.items()}
-    resumed = sweep(tmp_path, spec, "--resume")
+    resumed = sweep(tmp_path, spec, "--resume", first_id, "--no-report")
     assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert "resuming" in resumed.stdout and "[sweep] start a-" not in resumed.stdout
+    assert f"resuming 'e2e' instance {first_id}" in resumed.stdout and "[sweep] start a-" not in resumed.stdout
     assert {arm: p.stat().st_mtime_ns for arm, p in done.items()} == stamps
-    _, parents2, children2 = runs_of(uri, "e2e")
-    assert [p.info.run_id for p in parents2] == [parent.info.run_id]
-    assert sorted(r.info.run_id for r in children2) == sorted(r.info.run_id for r in children)
+    _, parents3, children3 = runs_of(uri, "e2e")
+    assert sorted(p.info.run_id for p in parents3) == sorted(p.info.run_id for p in parents2)
+    assert sorted(r.info.run_id for r in children3) == sorted(r.info.run_id for r in children2)
     for arm in ("a", "kl"):
         assert len(client.get_metric_history(by_arm[arm].info.run_id, "rollout/success")) == 2
+
+    # an instance that does not exist: refused, nothing started, the instances listed
+    missing = sweep(tmp_path, spec, "--resume", "1999-01-01_00-00-00")
+    assert missing.returncode == 2 and first_id in missing.stderr and second_id in missing.stderr
+    assert len(runs_of(uri, "e2e")[1]) == 2
 
 
 @pytest.mark.slow
@@ -120,9 +151,9 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(RUN + [str(spec), "--progress-every", "2"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    trials = tmp_path / "runs" / "killed" / "trials"
+    sweep_root = tmp_path / "runs" / "killed"
     deadline = time.time() + 300
-    while time.time() < deadline and len(list(trials.glob("*/checkpoints/step_*"))) < 2:
+    while time.time() < deadline and len(list(sweep_root.glob("*/trials/*/checkpoints/step_*"))) < 2:
         time.sleep(1)
     time.sleep(12)  # past Tune's ~10 s experiment-state snapshot
     os.kill(proc.pid, signal.SIGKILL)
@@ -132,8 +163,8 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-    assert not list(trials.glob("*/result.json")), "trials finished before the kill; raise steps"
-    resumed = sweep(tmp_path, spec, "--resume")
+    assert not list(sweep_root.glob("*/trials/*/result.json")), "trials finished before the kill; raise steps"
+    resumed = sweep(tmp_path, spec, "--resume")  # the latest instance: the killed one
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "killed")
     assert len(parents) == 1 and len(children) == 2

@@ -2,9 +2,13 @@
 
     DS_ACCELERATOR=cpu python3 -m pytest tests/unit/test_engine.py -q
 
-The first DeepSpeed start on a machine JIT-builds a comm op (about a minute, cached afterwards).
+A one-process group skips DeepSpeed's shared-memory comm op (its JIT build took about a minute
+on a machine's first start); the 2-rank tests under torchrun still build it once.
 """
 import json
+import os
+import subprocess
+import sys
 import math
 import random
 
@@ -227,3 +231,18 @@ def test_export_reloads_with_save_pretrained(tmp_path, stage):
     with torch.no_grad():
         expected = engine.module(input_ids=ids).logits
         torch.testing.assert_close(reloaded(input_ids=ids).logits, expected)
+
+
+def test_one_process_group_skips_deepspeeds_shared_memory_op():
+    # In a fresh process: DeepSpeed's comm backend neither probes its ops (compiler test runs) nor
+    # builds the shared-memory allreduce op for a group of one; the group still works.
+    code = ("import deepspeed.comm as dist, deepspeed.comm.comm as backend, torch, deepspeed\n"
+            "from ragen2_core.train.engine import init_distributed\n"
+            "assert init_distributed() == (0, 1)\n"
+            "t = torch.ones(3); dist.all_reduce(t); assert t.tolist() == [1.0, 1.0, 1.0]\n"
+            "print(backend.cdb.shm_comm_op, deepspeed.ops.__compatible_ops__)\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-c", code], env=env | {"DS_ACCELERATOR": "cpu"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "None {'deepspeed_shm_comm': False}"

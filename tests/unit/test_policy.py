@@ -123,3 +123,41 @@ def test_scratchpad_enters_the_cache_key_only_when_it_changes_the_traces():
     assert path_key == old
     base.env.frozenlake.scratchpad = "scan"
     assert warmstart.cache_key(base.policy, base.warmstart, base.env) != path_key
+
+
+def test_shipped_policy_is_found_without_a_build_and_rebuilt_on_request(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmstart, "TOKENIZER_EPISODES", 10)
+    built = warmstart.embedded_policy_path(*_sections(tiny_cfg(tmp_path / "maker")))
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / built.name).symlink_to(built)
+    monkeypatch.setattr(warmstart, "SHIPPED", shipped)
+    cfg = tiny_cfg(tmp_path / "user-cache")  # an empty cache: a fresh clone
+
+    def no_build(*a, **k):
+        raise AssertionError("a shipped policy was built again")
+    monkeypatch.setattr(warmstart, "build_embedded", no_build)
+    assert warmstart.find_policy(*_sections(cfg)) == (shipped / built.name, "shipped")
+    assert warmstart.embedded_policy_path(*_sections(cfg)) == shipped / built.name
+    assert not (tmp_path / "user-cache").exists()  # nothing written for a shipped policy
+
+    monkeypatch.undo()
+    monkeypatch.setattr(warmstart, "TOKENIZER_EPISODES", 10)
+    monkeypatch.setattr(warmstart, "SHIPPED", shipped)
+    rebuilt = warmstart.embedded_policy_path(*_sections(cfg), rebuild=True)
+    assert rebuilt == tmp_path / "user-cache" / built.name
+    assert warmstart.find_policy(*_sections(cfg)) == (rebuilt, "cached")  # the user's build comes first
+    # the same recipe, the same weights (this is what makes the key, taken from the config, meaningful)
+    assert (rebuilt / "model.safetensors").read_bytes() == (built / "model.safetensors").read_bytes()
+    # a second rebuild replaces the cached copy in place; no temporary folder is left behind
+    assert warmstart.embedded_policy_path(*_sections(cfg), rebuild=True) == rebuilt
+    assert sorted(p.name for p in (tmp_path / "user-cache").iterdir()) == [".build.lock", built.name]
+    # shipping copies the files (not a link into someone's cache) next to the other shipped ones
+    copy = warmstart.ship(rebuilt)
+    assert copy == shipped / built.name and not copy.is_symlink()
+    assert sorted(f.name for f in copy.iterdir()) == sorted(f.name for f in rebuilt.iterdir())
+    assert warmstart.find_policy(*_sections(tiny_cfg(tmp_path / "empty")))[1] == "shipped"
+
+
+def _sections(cfg):
+    return cfg.policy, cfg.warmstart, cfg.env
