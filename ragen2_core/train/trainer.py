@@ -12,7 +12,6 @@ the model, optimizer and loop state in the checkpoint.
 """
 from __future__ import annotations
 
-import copy
 import random
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch
 
 from ragen2_core.algo.advantages import broadcast_to_tokens, gae_advantages, group_advantages
 from ragen2_core.algo.filter import group_reward_stats, loss_scale_factor, select_groups, soft_group_weights
-from ragen2_core.algo.losses import actor_loss_terms, aggregate, entropy_from_logits, kl_penalty, logp_from_logits, value_loss
+from ragen2_core.algo.losses import actor_loss_terms, aggregate, kl_penalty, logp_entropy, value_loss
 from ragen2_core.algo.schedules import keep_value
 from ragen2_core.config import config_hash, dump_yaml, flatten
 from ragen2_core.envs.code import sandbox_metrics
@@ -35,7 +34,7 @@ from ragen2_core.rollout.engine import SamplingParams, rollout
 from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
-from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
+from ragen2_core.train.engine import TrainEngine, init_distributed, reference_policy
 from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 from ragen2_core.train.stops import StopMonitor
@@ -57,7 +56,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
-                 groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 groups: torch.Tensor | None = None, logit_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
     past a row's end, and before the last prompt token when ``prefix_len`` shares prompts). Rows go
     in length order (group by group when sharing), each chunk cut to its longest row."""
@@ -68,11 +67,13 @@ def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None 
     for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
         L = int(lengths[rows].max())
         ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
-        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
+        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows],
+                                       logit_chunk=logit_chunk)
         w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
         real = w(attn[:, 1:].float())
-        logp[rows, :L - 1] = unwindow(logp_from_logits(logits, w(ids[:, 1:])) * real, start, L - 1)
-        entropy[rows, :L - 1] = unwindow(entropy_from_logits(logits) * real, start, L - 1)
+        lp, ent = logp_entropy(logits, w(ids[:, 1:]))
+        logp[rows, :L - 1] = unwindow(lp * real, start, L - 1)
+        entropy[rows, :L - 1] = unwindow(ent * real, start, L - 1)
     return logp, entropy
 
 
@@ -99,7 +100,7 @@ def run(cfg, sink) -> dict:
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
     template = make_env().template_think
-    reference = FrozenModel(copy.deepcopy(model)) if algo.kl_coef > 0 else None
+    reference = reference_policy(model) if algo.kl_coef > 0 else None
     n_rows = rcfg.n_groups * rcfg.group_size
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
     engine_kw = dict(zero_stage=cfg.train.zero_stage, grad_accum=cfg.train.grad_accum,
@@ -292,9 +293,9 @@ def prepare(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, refere
     kl_in_reward = reference is not None and algo.kl_placement == "in_reward"
     old_logp = old_entropy = ref_logp = old_values = returns = None
     if not on_policy or kl_in_reward:
-        old_logp, old_entropy = score_tokens(actor.module, t, micro, **share)
+        old_logp, old_entropy = score_tokens(actor.module, t, micro, **share, logit_chunk=cfg.train.logit_chunk)
     if reference is not None:
-        ref_logp, _ = score_tokens(reference.module, t, micro, **share)
+        ref_logp, _ = score_tokens(reference.module, t, micro, **share, logit_chunk=cfg.train.logit_chunk)
         if kl_in_reward:
             rewards = rewards - algo.kl_coef * kl_penalty(old_logp, ref_logp, estimator=algo.kl_estimator) * mask
     if critic is not None:
@@ -349,7 +350,8 @@ def update(batch: RolloutBatch, row_weight: torch.Tensor, actor, critic, referen
                 ids, attn, m_full = p["input_ids"][rows, :L], p["attention_mask"][rows, :L], mask[rows, :L - 1]
                 with torch.set_grad_enabled(train_actor):
                     logits, start = forward_window(actor.forward, ids, attn,
-                                                   prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows])
+                                                   prefix_len=None if p["prefix_len"] is None else p["prefix_len"][rows],
+                                                   logit_chunk=cfg.train.logit_chunk)
                     w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
                     m = w(m_full)  # the actor's per-token tensors live in the logits' window
                     terms = actor_loss_terms(logits, w(ids[:, 1:]), m, w(cut(p["old_logp"], rows, L)),
