@@ -107,7 +107,11 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--child", help=argparse.SUPPRESS)      # internal: run one variant in this process
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.build:
+        build(args.shape, Path(args.model_dir))
+        return
     if args.child:
         print("RESULT " + json.dumps(child(args.model_dir, args.child, args.lora_r, args.threads)), flush=True)
         return
@@ -116,7 +120,8 @@ def main() -> None:
     if bad:
         sys.exit(f"--variants: unknown {bad}; choose from full, chunked, lora")
     with tempfile.TemporaryDirectory(prefix="ragen2-mem-model-") as d:
-        build(args.shape, Path(d))
+        # Built in a process of its own, so this one stays small while the variants run.
+        subprocess.run([sys.executable, __file__, "--build", "--shape", args.shape, "--model-dir", d], check=True)
         runs = {}
         for v in variants:
             proc = subprocess.run([sys.executable, __file__, "--child", v, "--model-dir", d, "--lora-r", str(args.lora_r),
