@@ -33,6 +33,8 @@ from pathlib import Path
 SHAPES = {
     "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                          num_key_value_heads=2),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2),
     "proxy": dict(hidden_size=128, intermediate_size=384, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2),
 }
@@ -51,7 +53,7 @@ def status_kib(key: str) -> int:
     raise KeyError(key)
 
 
-def build(shape: str, out: Path) -> None:
+def build(shape: str, out: Path, vocab: int = VOCAB) -> None:
     """Random-init bf16 model of `shape` and a tokenizer of the envs' text, saved to `out`."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -64,7 +66,7 @@ def build(shape: str, out: Path) -> None:
     cfg = load_config(None, ["env.name=sokoban", "warmstart.envs=[sokoban]"])
     texts = [a + b for ep in _traces(cfg.warmstart, cfg.env, 32, 0) for a, b in ep]
     tok = train_tokenizer(texts, vocab_size=1024)
-    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+    config = Qwen2Config(vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                          tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                          bos_token_id=None, **SHAPES[shape])
     torch.manual_seed(0)
