@@ -15,8 +15,9 @@ run's peak (export included) is reported beside it.
 
 Variants: ``full`` = ``train.logit_chunk=0`` (the previous path), ``chunked`` = the default
 ``train.logit_chunk``, ``lora`` = chunked + ``policy.lora.r``. The last line printed is one JSON
-object: per variant ``step_peak_gb``, ``run_peak_gb``, ``rss_after_load_gb`` and ``step_s``, and
-``ratio`` = full / chunked step peak. On a shared machine, run it inside a memory limit (e.g. a
+object: per variant ``step_peak_gb``, ``run_peak_gb`` (export included), ``rss_before_load_gb``
+(interpreter and imports), ``rss_before_step_gb`` (model and DeepSpeed engine built, before the rollout),
+``step_s``, and ``ratio`` = full / chunked step peak. On a shared machine, run it inside a memory limit (e.g. a
 cgroup) so that an overrun kills only this process.
 """
 from __future__ import annotations
@@ -81,8 +82,13 @@ def child(model_dir: str, variant: str, lora_r: int, threads: int) -> dict:
     from ragen2_core.train.trainer import run
 
     class PeakAtStep(MemorySink):
-        """Reads the high-water mark when the step's metrics arrive (before the export)."""
-        step_peak_kib = 0
+        """Reads resident memory when the run has built its model and engine (its parameters are
+        logged then) and the high-water mark when the step's metrics arrive (before the export)."""
+        step_peak_kib = start_kib = 0
+
+        def log_params(self, params):
+            PeakAtStep.start_kib = status_kib("VmRSS")
+            super().log_params(params)
 
         def log_metrics(self, metrics, step):
             PeakAtStep.step_peak_kib = status_kib("VmHWM")
@@ -93,10 +99,13 @@ def child(model_dir: str, variant: str, lora_r: int, threads: int) -> dict:
             "collapse.every=0", f"train.threads={threads}", f"train.output_dir={tempfile.mkdtemp(prefix='ragen2-mem-')}"]
     over += {"full": ["train.logit_chunk=0"], "chunked": [], "lora": [f"policy.lora.r={lora_r}"]}[variant]
     cfg = load_config(None, over)
+    before_load_kib = status_kib("VmRSS")   # interpreter, torch and transformers imported
     sink = PeakAtStep()
     t0 = time.perf_counter()
     run(cfg, sink)
     return {"step_peak_gb": gb(PeakAtStep.step_peak_kib), "run_peak_gb": gb(status_kib("VmHWM")),
+            "rss_before_step_gb": gb(PeakAtStep.start_kib), "rss_before_load_gb": gb(before_load_kib),
+            "reply_tokens": sink.metrics[0][1]["cost/rollout_tokens"],
             "step_s": round(sink.metrics[0][1]["time/step_s"], 1), "total_s": round(time.perf_counter() - t0, 1),
             "logit_chunk": cfg.train.logit_chunk, "lora_r": cfg.policy.lora.r}
 
