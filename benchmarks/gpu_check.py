@@ -11,7 +11,7 @@ first warms up (benchmarks/step_vs_trl.py measures both the same way). The last 
 JSON object. ``--dry`` runs the same code on a tiny shape and a small vocabulary with a small batch:
 on CPU it checks that every part runs, and its numbers mean nothing.
 
-    bash scripts/gpu_check.sh                 # on the GPU machine (under 8 minutes on one H200-class GPU)
+    bash scripts/gpu_check.sh                 # on the GPU machine (sized for under 8 minutes; not yet run on one)
     bash scripts/gpu_check.sh --dry           # anywhere: the plumbing on CPU, a minute or two
 """
 from __future__ import annotations
