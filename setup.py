@@ -27,6 +27,9 @@ setup(
         "numpy>=1.26",
         "matplotlib>=3.8",
         "scipy>=1.15",
+        # policy.lora is a config field like any other and its tests run in the default tier, so
+        # peft (small, pure Python) is a dependency rather than an extra.
+        "peft>=0.13",
     ],
     extras_require={
         "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "pypdf>=4"],

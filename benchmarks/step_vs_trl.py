@@ -33,33 +33,40 @@ def default_policy() -> str:
     return resolve_policy_path(cfg.policy, cfg.warmstart, cfg.env)
 
 
-def ours(steps: int, threads: int, out: str) -> dict:
+def ours(steps: int, threads: int, out: str, *, path: str | None = None, groups: int = GROUPS,
+         group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, extra: tuple[str, ...] = ()) -> dict:
+    """Our trainer on `path` (default: the embedded policy); `extra` are more config overrides."""
     cfg = load_config("sweeps/base/frozenlake_tiny.yaml", [
-        f"policy.model={default_policy()}", "env.max_turns=1", f"rollout.n_groups={GROUPS}", f"rollout.group_size={GROUP_SIZE}",
-        f"rollout.max_new_tokens={MAX_NEW}", f"train.steps={steps + 1}", "train.eval_every=0",
+        f"policy.model={path or default_policy()}", "env.max_turns=1", f"rollout.n_groups={groups}",
+        f"rollout.group_size={group_size}",
+        f"rollout.max_new_tokens={max_new}", f"train.steps={steps + 1}", "train.eval_every=0",
         f"train.threads={threads}", f"train.output_dir={out}", "algo.advantage=grpo", "train.grad_accum=1",
-        "collapse.every=0"])
+        "collapse.every=0", *extra])
     sink = MemorySink()
     run(cfg, sink)
     timed = sink.metrics[1:]  # step 1 warms up
-    tokens = sum(m["rollout/response_tokens"] * GROUPS * GROUP_SIZE for _, m in timed)
+    tokens = sum(m["rollout/response_tokens"] * groups * group_size for _, m in timed)
     seconds = sum(m["time/rollout_s"] + m["time/update_s"] for _, m in timed)
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds}
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "rollout_tokens_per_s": tokens / sum(m["time/rollout_s"] for _, m in timed),
+            "update_s": sum(m["time/update_s"] for _, m in timed) / len(timed)}
 
 
-def trl(steps: int, threads: int, out: str) -> dict:
+def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: int = GROUPS,
+        group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, cuda: bool = False) -> dict:
+    """TRL's GRPOTrainer on `path` (default: the embedded policy); `cuda` trains in bf16 on the GPU."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     cfg = load_config("sweeps/base/frozenlake_tiny.yaml", ["env.max_turns=1"])
-    path = default_policy()
+    path = path or default_policy()
     tok = PreTrainedTokenizerFast.from_pretrained(path)
     make_env = env_factory(cfg.env)
-    prompts, seeds = [], list(range(GROUPS * (steps + 1)))
+    prompts, seeds = [], list(range(groups * (steps + 1)))
     for s in seeds:
         env = make_env()
-        prompts.append(first_chunk(env.system_prompt(), env.reset(s), env.actions_left, MAX_NEW))
+        prompts.append(first_chunk(env.system_prompt(), env.reset(s), env.actions_left, max_new))
 
     def reward(completions, seed, **_):
         out = []
@@ -81,18 +88,19 @@ def trl(steps: int, threads: int, out: str) -> dict:
 
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
-                self.tokens.append(logs["completions/mean_length"] * GROUPS * GROUP_SIZE)
+                self.tokens.append(logs["completions/mean_length"] * groups * group_size)
 
-    args = GRPOConfig(output_dir=out, per_device_train_batch_size=GROUPS * GROUP_SIZE,
-                      num_generations=GROUP_SIZE, max_completion_length=MAX_NEW, temperature=1.0,
-                      top_k=0, learning_rate=5e-5, max_steps=steps + 1, logging_steps=1, use_cpu=True,
+    args = GRPOConfig(output_dir=out, per_device_train_batch_size=groups * group_size,
+                      num_generations=group_size, max_completion_length=max_new, temperature=1.0,
+                      top_k=0, learning_rate=5e-5, max_steps=steps + 1, logging_steps=1, use_cpu=not cuda, bf16=cuda,
                       report_to=[], save_strategy="no", beta=0.0, dataloader_num_workers=0,
                       shuffle_dataset=False,
                       # stop where our engine stops, so both generate the same kind of replies
                       generation_kwargs={"eos_token_id": [tok.convert_tokens_to_ids("</answer>"),
                                                           tok.eos_token_id]})
     clock = Clock()
-    trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(path), reward_funcs=reward, args=args,
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
+    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts, "seed": seeds}),
                           processing_class=tok, callbacks=[clock])
     trainer.train()

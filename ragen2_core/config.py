@@ -434,6 +434,19 @@ class EnvConfig:
 
 
 @dataclasses.dataclass
+class PolicyLoraConfig:
+    r: int = opt(0, "LoRA rank; 0 = full fine-tuning (no adapters)", ge=0)
+    alpha: float = opt(16.0, "LoRA scale numerator: the update is (alpha / r) B A", gt=0)
+    dropout: float = opt(0.0, "dropout on the adapters' input", ge=0, lt=1)
+    target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                    "names of the linear layers that get adapters (peft target_modules)")
+
+    def check(self) -> list[str]:
+        return ["target_modules is empty; list at least one linear layer name, e.g. [q_proj, v_proj]"
+                ] if self.r and not self.target_modules else []
+
+
+@dataclasses.dataclass
 class PolicyConfig:
     model: str = opt("embedded", '"embedded" (tiny built-in Qwen2) or an HF model name / local path')
     dtype: str = opt("float32", "parameter dtype", choices=["float32", "bfloat16", "float16"])
@@ -446,6 +459,7 @@ class PolicyConfig:
     cache_dir: str = opt("~/.cache/ragen2", "where the embedded model and warm starts are cached")
     chat_template: str = opt("auto", "conversation format: auto (the tokenizer's own chat template when it "
                              "has one, else raw text), none (raw text) or the path of a jinja chat template")
+    lora: PolicyLoraConfig = opt(PolicyLoraConfig, "LoRA adapters (peft); the KL reference is then the base with adapters off")
 
     def check(self) -> list[str]:
         errs = []
@@ -634,6 +648,9 @@ class TrainLoopConfig:
     grad_accum: int = opt(4, "micro-batches per optimizer step; rows are grouped by length, so more also means less padding", ge=1)
     threads: int = opt(0, "torch CPU threads; 0 = torch default", ge=0)
     shared_prefix: bool = opt(True, "in scoring and updates, encode each group's shared first prompt once per micro-batch")
+    logit_chunk: int = opt(256, "positions per chunk when turning hidden states into log-probs and entropy "
+                           "(the output head is applied chunk by chunk, forward and backward); 0 = whole "
+                           "micro-batch logits at once", ge=0)
 
 
 @dataclasses.dataclass

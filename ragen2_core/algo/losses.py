@@ -8,14 +8,23 @@ The clip and clamp constants follow veRL (`verl/trainer/ppo/core_algos.py`, the 
 release pins): the log-ratio is clamped to +-20 before exp, dual-clip PPO caps a negative-advantage
 token's loss at clip_ratio_c * |A|, and k3 clamps its log-ratio to +-20 and itself to [-10, 10].
 
+Log-probs and entropies take either full logits [B, T, V] or `HeadLogits` (the hidden states before
+the output head plus its weight): the latter are turned into logits a chunk of positions at a time,
+forward and backward, so no [B, T, V] float32 tensor is ever held (at a 152k vocabulary those are
+most of a training step's memory).
+
 Usage:
     per_token_logp = logp_from_logits(logits, token_ids)
+    logp, entropy = logp_entropy(HeadLogits(hidden, lm_head.weight, chunk=256), token_ids)
     loss, stats = policy_loss(per_token_logp, old_logp, token_adv, mask,
                               clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, agg="token-mean")
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+import torch.nn.functional as F
 
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 KL_ESTIMATORS = ("k1", "k2", "k3", "k3_exact")
@@ -159,36 +168,139 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, *, estimator: str) ->
     return torch.clamp(torch.exp(c) - c - 1.0, -K3_CLAMP, K3_CLAMP)
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+@dataclasses.dataclass
+class HeadLogits:
+    """Logits not yet computed: ``F.linear(hidden, weight).float()``, evaluated `chunk` positions at a
+    time by `logp_entropy` (forward, and again in backward: nothing vocabulary-sized is saved).
+
+    hidden: [B, T, D] in the model's dtype; weight: [V, D] the output head (no bias); chunk: positions
+    per evaluation (the transient memory is a few [chunk, V] float32 tensors).
+    """
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    chunk: int
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((*self.hidden.shape[:-1], self.weight.shape[0]))
+
+
+def _dense_logp_entropy(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                 torch.Tensor, torch.Tensor]:
+    """(per-token log-prob, entropy, log-softmax, softmax) of float logits [..., V]."""
+    # log_softmax shifts by the max first; gather(logits) - logsumexp(logits) would subtract two
+    # large numbers and lose float32 precision when logits are big.
+    per_vocab_logp = torch.log_softmax(logits, dim=-1)
+    probs = per_vocab_logp.exp()
+    # 0 * log 0 is 0; zeroing log p first also keeps the backward pass free of NaN.
+    safe_logp = torch.where(probs > 0, per_vocab_logp, torch.zeros_like(per_vocab_logp))
+    entropy = -(probs * safe_logp).sum(dim=-1)
+    logp = torch.gather(per_vocab_logp, -1, token_ids.unsqueeze(-1)).squeeze(-1)
+    return logp, entropy, safe_logp, probs
+
+
+class _ChunkedHead(torch.autograd.Function):
+    """Per-token log-prob and entropy of ``F.linear(hidden, weight).float()`` [N, V], a chunk of rows
+    at a time; backward recomputes each chunk's logits (as veRL's FusedLinearForPPO does).
+
+    Gradients, with p = softmax(z), H = -sum_v p_v log p_v, for one position and its token y:
+        d logp_y / d z_v = 1[v = y] - p_v
+        d H / d z_v      = -p_v (log p_v + H)
+    then dL/dhidden = g_z @ W and dL/dW = g_z^T @ hidden, with g_z cast to the weight's dtype as the
+    unchunked linear's backward would receive it.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, token_ids, chunk):
+        logp = hidden.new_empty(hidden.shape[0], dtype=torch.float32)
+        entropy = torch.empty_like(logp)
+        for s in range(0, hidden.shape[0], chunk):
+            z = F.linear(hidden[s:s + chunk], weight).float()
+            logp[s:s + chunk], entropy[s:s + chunk], *_ = _dense_logp_entropy(z, token_ids[s:s + chunk])
+        ctx.save_for_backward(hidden, weight, token_ids)
+        ctx.chunk = chunk
+        ctx.set_materialize_grads(False)   # an unused output (often the entropy) costs nothing
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, g_logp, g_entropy):
+        hidden, weight, token_ids = ctx.saved_tensors
+        need_h, need_w = ctx.needs_input_grad[:2]
+        grad_h = torch.zeros_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+        if g_logp is None and g_entropy is None:
+            return grad_h, grad_w, None, None
+        for s in range(0, hidden.shape[0], ctx.chunk):
+            h, ids = hidden[s:s + ctx.chunk], token_ids[s:s + ctx.chunk]
+            z = F.linear(h, weight).float()
+            _, entropy, safe_logp, probs = _dense_logp_entropy(z, ids)
+            g_z = torch.zeros_like(z)
+            if g_logp is not None:
+                g = g_logp[s:s + ctx.chunk, None]
+                g_z -= probs * g
+                g_z.scatter_add_(1, ids[:, None], g)
+            if g_entropy is not None:
+                g_z -= probs * (safe_logp + entropy[:, None]) * g_entropy[s:s + ctx.chunk, None]
+            g_z = g_z.to(weight.dtype)
+            if need_h:
+                grad_h[s:s + ctx.chunk] = g_z @ weight
+            if need_w:
+                grad_w += (g_z.t() @ h).float()
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None
+
+
+def logp_entropy(logits: torch.Tensor | HeadLogits, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of the given token ids and the policy entropy at each position, in one pass.
+
+    Args:
+        logits: [B, T, V] float, or `HeadLogits` whose shape is [B, T, V]; position t scores
+            token_ids[:, t] (shift before calling if the logits at t predict token t + 1).
+        token_ids: [B, T] long.
+
+    Returns:
+        ([B, T], [B, T]) float32: log p(token) and H = -sum_v p_v log p_v, both differentiable.
+    """
+    if isinstance(logits, HeadLogits):
+        lead = logits.hidden.shape[:-1]
+        flat = logits.hidden.reshape(-1, logits.hidden.shape[-1])
+        logp, entropy = _ChunkedHead.apply(flat, logits.weight, token_ids.reshape(-1), max(1, logits.chunk))
+        return logp.view(lead), entropy.view(lead)
+    logp, entropy, *_ = _dense_logp_entropy(logits, token_ids)
+    return logp, entropy
+
+
+def entropy_from_logits(logits: torch.Tensor | HeadLogits) -> torch.Tensor:
     """Entropy of the softmax distribution per position.
 
     Args:
-        logits: [B, T, V] float; -inf entries (banned tokens) are allowed.
+        logits: [B, T, V] float (-inf entries, banned tokens, are allowed), or `HeadLogits`.
 
     Returns:
         [B, T] float, H = -sum_v p_v log p_v with log p = logits - logsumexp(logits), computed by
         log_softmax (max-shifted, so large logits lose no precision).
     """
+    if isinstance(logits, HeadLogits):
+        return logp_entropy(logits, torch.zeros(logits.shape[:-1], dtype=torch.long,
+                                                device=logits.hidden.device))[1]
     per_vocab_logp = torch.log_softmax(logits, dim=-1)
     probs = per_vocab_logp.exp()
-    # 0 * log 0 is 0; zeroing log p first also keeps the backward pass free of NaN.
     safe_logp = torch.where(probs > 0, per_vocab_logp, torch.zeros_like(per_vocab_logp))
     return -(probs * safe_logp).sum(dim=-1)
 
 
-def logp_from_logits(logits: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+def logp_from_logits(logits: torch.Tensor | HeadLogits, token_ids: torch.Tensor) -> torch.Tensor:
     """Log-prob of given token ids.
 
     Args:
-        logits: [B, T, V] float; position t scores token_ids[:, t] (shift before calling if the logits
-            at t predict token t + 1).
+        logits: [B, T, V] float, or `HeadLogits`; position t scores token_ids[:, t] (shift before
+            calling if the logits at t predict token t + 1).
         token_ids: [B, T] long.
 
     Returns:
         [B, T] float per-token log-prob.
     """
-    # log_softmax shifts by the max first; gather(logits) - logsumexp(logits) would subtract two
-    # large numbers and lose float32 precision when logits are big.
+    if isinstance(logits, HeadLogits):
+        return logp_entropy(logits, token_ids)[0]
     per_vocab_logp = torch.log_softmax(logits, dim=-1)
     return torch.gather(per_vocab_logp, -1, token_ids.unsqueeze(-1)).squeeze(-1)
 

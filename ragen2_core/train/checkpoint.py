@@ -5,6 +5,7 @@ Layout under ``train.output_dir``::
     checkpoints/step_000010/{actor,critic}/...   DeepSpeed state (model, optimizer, scheduler)
     checkpoints/step_000010/state.json           the step counter and loop state
     policy/                                      save_pretrained export at the end
+    policy/adapter/                              a LoRA run's adapters alone (peft format)
 
 A directory only ever appears under its final name once complete, so ``latest`` never sees a
 half-written checkpoint, whatever killed the run.
@@ -20,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ragen2_core.atomic import write_text_atomic
+from ragen2_core.policy.lora import has_adapters, merged_state_dict, save_adapter
 from ragen2_core.policy.model import save_policy
 
 PREFIX = "step_"
@@ -88,7 +90,11 @@ def export_policy(actor, tokenizer, export_dir: Path, *, rank: int = 0) -> None:
     export_dir = Path(export_dir)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-policy-", dir=export_dir.parent))
     try:
-        save_policy(actor.module, tokenizer, tmp, {"exported_by": "ragen2 train"}, state_dict=state)
+        module = actor.module
+        if has_adapters(module):   # a LoRA run: the merged plain model, and the adapters beside it
+            save_adapter(module, state, tmp / "adapter")
+            state = merged_state_dict(module, state)
+        save_policy(module, tokenizer, tmp, {"exported_by": "ragen2 train"}, state_dict=state)
         if export_dir.exists():
             shutil.rmtree(export_dir)
         os.replace(tmp, export_dir)

@@ -232,9 +232,16 @@ class TrainEngine:
         return float(self.engine.get_lr()[0])
 
     # ------------------------------------------------------------------ checkpoints
+    @property
+    def frozen(self) -> bool:
+        """Whether part of the module is frozen (LoRA's base weights): checkpoints then hold the
+        trainable part only, and the frozen part comes from the policy the run loads at start."""
+        return any(not p.requires_grad for p in self.engine.module.parameters())
+
     def save(self, directory: str | os.PathLike, tag: str, client_state: Optional[dict] = None) -> None:
         """Model, optimizer and lr-scheduler state under directory/tag; every rank must call it."""
-        self.engine.save_checkpoint(str(directory), tag=tag, client_state={_CLIENT_KEY: client_state or {}})
+        self.engine.save_checkpoint(str(directory), tag=tag, client_state={_CLIENT_KEY: client_state or {}},
+                                    exclude_frozen_parameters=self.frozen)
 
     def load(self, directory: str | os.PathLike, tag: Optional[str] = None) -> dict[str, Any]:
         """Restore a `save` (tag None = the newest); returns the client_state given to it."""
@@ -242,7 +249,7 @@ class TrainEngine:
         marker = Path(directory) / (tag if tag is not None else "latest")
         if not marker.exists():
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag or '(latest)'} under {directory}")
-        path, state = self.engine.load_checkpoint(str(directory), tag=tag)
+        path, state = self.engine.load_checkpoint(str(directory), tag=tag, load_module_strict=not self.frozen)
         if path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint {tag or '(latest)'} under {directory}")
         return state.get(_CLIENT_KEY, {})
@@ -271,6 +278,25 @@ class TrainEngine:
             if full is not None:
                 masters[id(p)] = full
         return masters
+
+
+def reference_policy(model: torch.nn.Module):
+    """The KL term's reference, built before the actor's TrainEngine: for a LoRA policy the same
+    model with its adapters switched off (no copy; its base weights never train), else a frozen
+    copy of the starting model."""
+    from ragen2_core.policy.lora import AdaptersOff, has_adapters
+    return AdapterOffReference(AdaptersOff(model)) if has_adapters(model) else FrozenModel(model)
+
+
+class AdapterOffReference:
+    """`FrozenModel`'s interface over the base of a LoRA model (`.module`, `.logits`)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def logits(self, **kwargs) -> torch.Tensor:
+        with torch.no_grad():
+            return self.module(**kwargs).logits
 
 
 class FrozenModel:

@@ -14,25 +14,79 @@ loss and gradients do too.
 
 Only positions from the prompt's last token on are computed: the ones before predict prompt tokens,
 which are never trained on (the response mask is 0 there).
+
+With ``logit_chunk > 0`` the model's output head is left out of its forward and the result is a
+`HeadLogits` (hidden states + head weight) that `algo.losses` turns into log-probs and entropies
+chunk by chunk: the same values and gradients without a [R, W, V] float32 tensor. Models whose
+logits are not just ``lm_head(final hidden)`` (soft-capping, scaling), a head with a bias or LoRA
+on it, and ZeRO-3-partitioned weights keep the full logits.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
+from ragen2_core.algo.losses import HeadLogits
 from ragen2_core.rollout.engine import cache_kwarg
+
+# Architectures whose forward ends in ``logits = lm_head(final_norm(h))`` with nothing after it.
+PLAIN_HEAD_TYPES = ("qwen2", "qwen3", "llama", "mistral")
+
+
+def _model(forward) -> torch.nn.Module:
+    """The model behind `forward`: a model, or a bound method of an engine that holds it as `.module`."""
+    if isinstance(forward, torch.nn.Module):
+        return forward
+    owner = forward.__self__
+    return getattr(owner, "module", owner)
 
 
 def _cache_arg(forward) -> str:
-    """`cache_kwarg` of the model behind `forward`: a model, or a bound method of an engine that
-    holds its model as `.module`."""
-    if isinstance(forward, torch.nn.Module):
-        return cache_kwarg(forward)
-    owner = forward.__self__
-    return cache_kwarg(getattr(owner, "module", owner))
+    return cache_kwarg(_model(forward))
+
+
+def _plain_head(model: torch.nn.Module):
+    """(parent module, attribute name, head) when logits are exactly ``head(hidden)`` and the head
+    can be applied chunk by chunk outside the forward; None otherwise."""
+    config = getattr(model, "config", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if (getattr(config, "model_type", None) not in PLAIN_HEAD_TYPES or type(head) is not torch.nn.Linear
+            or head.bias is not None or hasattr(head.weight, "ds_id")):
+        return None
+    name = next((n for n, m in model.named_modules() if m is head), None)
+    if name is None:
+        return None
+    parent, _, attr = name.rpartition(".")
+    return model.get_submodule(parent), attr, head
+
+
+@contextlib.contextmanager
+def _hidden_out(model: torch.nn.Module, found):
+    """The model's forward returns the head's input as `.logits` while inside."""
+    parent, attr, head = found
+    setattr(parent, attr, torch.nn.Identity())
+    try:
+        yield
+    finally:
+        setattr(parent, attr, head)
 
 
 def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None = None,
-                   cache_arg: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   cache_arg: str | None = None, logit_chunk: int = 0) -> tuple[torch.Tensor | HeadLogits, torch.Tensor]:
+    """`_forward_window`'s logits, as `HeadLogits` evaluated `logit_chunk` positions at a time when
+    that is > 0 and the model allows it (see the module docstring), else as a float tensor."""
+    found = _plain_head(_model(forward)) if logit_chunk > 0 else None
+    if found is None:
+        logits, start = _forward_window(forward, ids, attn, prefix_len=prefix_len, cache_arg=cache_arg, cast=True)
+        return logits, start
+    with _hidden_out(_model(forward), found):
+        hidden, start = _forward_window(forward, ids, attn, prefix_len=prefix_len, cache_arg=cache_arg, cast=False)
+    return HeadLogits(hidden, found[2].weight, logit_chunk), start
+
+
+def _forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len: torch.Tensor | None,
+                    cache_arg: str | None, cast: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits for the positions that can be trained on, and where they start.
 
     Args:
@@ -49,7 +103,8 @@ def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len
     """
     R, L = ids.shape
     device = ids.device
-    plain = lambda: (forward(input_ids=ids, attention_mask=attn).logits[:, :-1].float(),  # noqa: E731
+    f32 = (lambda x: x.float()) if cast else (lambda x: x)  # noqa: E731  hidden states keep their dtype
+    plain = lambda: (f32(forward(input_ids=ids, attention_mask=attn).logits[:, :-1]),  # noqa: E731
                      torch.zeros(R, dtype=torch.long, device=device))
     if prefix_len is None:
         return plain()
@@ -71,7 +126,7 @@ def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len
     arg = cache_arg or _cache_arg(forward)
     out = forward(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True)
     cache = out.cache if arg == "cache" else out.past_key_values
-    last = out.logits[:, -1].float()                                         # [U, V] predicts token p
+    last = f32(out.logits[:, -1])                                            # [U, V] predicts token p
     cache.batch_select_indices(owner)                                        # [U] -> [R] rows
 
     # The rest of each row, right-padded, at positions p .. L_r - 1.
@@ -85,7 +140,8 @@ def forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_len
     pos = prefix_len[:, None] + torch.arange(C, device=device)[None]
     cont = forward(input_ids=cont_ids, attention_mask=torch.cat([pre_mask[owner], cont_mask], dim=1),
                    position_ids=pos, use_cache=True, **{arg: cache},
-                   cache_position=torch.arange(P, P + C, device=device)).logits.float()   # [R, C, V]
+                   cache_position=torch.arange(P, P + C, device=device)).logits
+    cont = f32(cont)                                                          # [R, C, V]
     # The prompt's last position predicts token p; continuation position j predicts token p + j + 1.
     return torch.cat([last[owner][:, None], cont[:, :C - 1]], dim=1), prefix_len - 1
 

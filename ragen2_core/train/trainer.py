@@ -13,7 +13,6 @@ would, given the model, optimizer and loop state in the checkpoint.
 """
 from __future__ import annotations
 
-import copy
 import random
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ import torch
 from ragen2_core.algo.advantages import broadcast_to_tokens, gae_advantages, group_advantages, whiten
 from ragen2_core.algo.filter import (group_reward_stats, loss_scale_factor, select_groups, soft_group_weights,
                                      zero_spread)
-from ragen2_core.algo.losses import aggregate, entropy_from_logits, kl_penalty, logp_from_logits, value_loss
+from ragen2_core.algo.losses import aggregate, kl_penalty, logp_entropy, value_loss
 from ragen2_core.algo.objective import Objective, actor_terms, rewards_with_kl
 from ragen2_core.algo.schedules import filter_value
 from ragen2_core.config import SINGLE_TURN_ENVS, config_hash, dump_yaml, flatten
@@ -40,7 +39,7 @@ from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.rollout.prompt import prompt_format
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
-from ragen2_core.train.engine import FrozenModel, TrainEngine, init_distributed
+from ragen2_core.train.engine import TrainEngine, init_distributed, reference_policy
 from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
 from ragen2_core.train.stops import StopMonitor
@@ -55,7 +54,7 @@ def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Gene
 
 @torch.no_grad()
 def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
-                 groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 groups: torch.Tensor | None = None, logit_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
     past a row's end, and before the last prompt token when ``prefix_len`` shares prompts). Rows go
     in length order (group by group when sharing), each chunk cut to its longest row."""
@@ -66,11 +65,13 @@ def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None 
     for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
         L = int(lengths[rows].max())
         ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
-        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows])
+        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows],
+                                       logit_chunk=logit_chunk)
         w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
         real = w(attn[:, 1:].float())
-        logp[rows, :L - 1] = unwindow(logp_from_logits(logits, w(ids[:, 1:])) * real, start, L - 1)
-        entropy[rows, :L - 1] = unwindow(entropy_from_logits(logits) * real, start, L - 1)
+        lp, ent = logp_entropy(logits, w(ids[:, 1:]))
+        logp[rows, :L - 1] = unwindow(lp * real, start, L - 1)
+        entropy[rows, :L - 1] = unwindow(ent * real, start, L - 1)
     return logp, entropy
 
 
@@ -115,7 +116,7 @@ class Run:
     out_dir: Path
     actor: TrainEngine
     critic: TrainEngine | None
-    reference: FrozenModel | None
+    reference: object | None    # the KL reference (train.engine.reference_policy), None without KL
     tok: object
     make_env: object
     template: str
@@ -231,7 +232,7 @@ def setup(cfg, sink) -> Run:
 
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
-    reference = FrozenModel(copy.deepcopy(model)) if objective.uses_reference else None
+    reference = reference_policy(model) if objective.uses_reference else None
     n_rows = rcfg.n_groups * rcfg.group_size
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
     engine_kw = dict(zero_stage=cfg.train.zero_stage, grad_accum=cfg.train.grad_accum,
@@ -427,9 +428,9 @@ def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy:
                  ) if r.cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
     old_logp = old_entropy = ref_logp = old_values = returns = None
     if not on_policy or obj.kl_in_reward:
-        old_logp, old_entropy = score_tokens(actor.module, t, r.micro, **share)
+        old_logp, old_entropy = score_tokens(actor.module, t, r.micro, **share, logit_chunk=r.cfg.train.logit_chunk)
     if obj.uses_reference:
-        ref_logp, _ = score_tokens(r.reference.module, t, r.micro, **share)
+        ref_logp, _ = score_tokens(r.reference.module, t, r.micro, **share, logit_chunk=r.cfg.train.logit_chunk)
     rewards = rewards_with_kl(obj, t["token_rewards"][:, 1:], old_logp, ref_logp, mask)
     if r.critic is not None:
         with torch.no_grad():
@@ -486,11 +487,11 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                 ids, attn, m_full = p.input_ids[rows, :L], p.attention_mask[rows, :L], mask[rows, :L - 1]
                 with torch.set_grad_enabled(train_actor):
                     logits, start = forward_window(actor.forward, ids, attn,
-                                                   prefix_len=None if p.prefix_len is None else p.prefix_len[rows])
+                                                   prefix_len=None if p.prefix_len is None else p.prefix_len[rows],
+                                                   logit_chunk=r.cfg.train.logit_chunk)
                     w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
                     m = w(m_full)  # the actor's per-token tensors live in the logits' window
-                    logp = logp_from_logits(logits, w(ids[:, 1:]))
-                    entropy_tok = entropy_from_logits(logits)
+                    logp, entropy_tok = logp_entropy(logits, w(ids[:, 1:]))
                     terms = actor_terms(obj, logp, entropy_tok, m, w(cut(p.old_logp, rows, L)),
                                         w(p.advantages[rows, :L - 1]), w(cut(p.ref_logp, rows, L)), scale=scale)
                 if train_actor:
