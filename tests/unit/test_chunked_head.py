@@ -5,7 +5,8 @@ import math
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from ragen2_core.algo.losses import HeadLogits, actor_loss_terms, entropy_from_logits, logp_entropy, logp_from_logits
+from ragen2_core.algo.losses import HeadLogits, entropy_from_logits, logp_entropy, logp_from_logits
+from ragen2_core.algo.objective import Objective, actor_terms
 from ragen2_core.train.shared_prefix import forward_window, unwindow, window
 
 
@@ -94,12 +95,14 @@ def test_model_forward_loss_and_gradients_equal_full_logits():
             w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
             mask = w(attn[:, 1:].float())
             adv = w(torch.linspace(-1, 1, ids.shape[1] - 1).expand(len(ids), -1).contiguous())
-            terms = actor_loss_terms(logits, w(ids[:, 1:]), mask, None, adv, w(torch.zeros_like(adv)),
-                                     clip_low=0.2, clip_high=0.28, agg="token-mean", kl_estimator="k3")
-            (terms["pg"] - 0.1 * terms["entropy"] + 0.3 * terms["kl"]).backward()
+            logp, entropy_tok = logp_entropy(logits, w(ids[:, 1:]))
+            obj = Objective(clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0, agg="token-mean", norm_len=None,
+                            entropy_coef=0.1, kl_coef=0.3, kl_estimator="k3", kl_placement="in_loss")
+            terms = actor_terms(obj, logp, entropy_tok, mask, None, adv, w(torch.zeros_like(adv)))
+            terms["loss"].backward()
             assert model.lm_head.weight is model.model.embed_tokens.weight
-            results.append((unwindow(terms["logp"] * mask, start, ids.shape[1] - 1),
-                            unwindow(terms["entropy_tok"] * mask, start, ids.shape[1] - 1),
+            results.append((unwindow(logp.detach() * mask, start, ids.shape[1] - 1),
+                            unwindow(entropy_tok.detach() * mask, start, ids.shape[1] - 1),
                             {n: p.grad.clone() for n, p in model.named_parameters()}))
         (lp0, e0, g0), (lp1, e1, g1) = results
         torch.testing.assert_close(lp1, lp0, atol=1e-5, rtol=1e-5)
