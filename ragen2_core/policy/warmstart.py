@@ -42,7 +42,7 @@ from ragen2_core.rollout.prompt import RAW, ChatFormat, RawFormat, read_template
 FORMAT_VERSION = 3
 TOKENIZER_EPISODES = 400      # expert episodes per env that the BPE is trained on
 REPLY_BUDGET = 96             # the budget number the expert prompts show (rollout.max_new_tokens)
-LATER_ENVS = ("math", "code")  # env sections outside the key unless listed in warmstart.envs
+LATER_ENVS = ("math", "code", "doors")  # env sections outside the key unless listed in warmstart.envs
 SHIPPED = Path(__file__).parent / "shipped"  # policies kept in the repository, so a clone needs no warm start
 
 
@@ -81,6 +81,8 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
                      if k not in ("name", "slip", "val_seeds", "val_seed_start", *unused)}}
     shape["policy"].pop("cache_dir")
     shape["policy"].pop("model")
+    # Adapters are injected when training starts (policy/load.py); the warm start never sees them.
+    shape["policy"].pop("lora")
     # The embedded tokenizer has no template of its own, so auto and none both give the raw text the
     # policies cached before this field were trained on; a template enters the key by its content.
     template = read_template(shape["policy"].pop("chat_template", "auto"))
@@ -90,7 +92,21 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
     # so the policies cached before them stay valid.
     if shape["env"]["frozenlake"].get("scratchpad") == "path":
         del shape["env"]["frozenlake"]["scratchpad"]
+    # A policy continued from the default one depends on that policy: its key stands in for it.
+    if shape["warmstart"].pop("init_from") == "default":
+        shape["warmstart"]["init_from"] = default_key()
     return hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_configs(cache_dir: str):
+    """(policy, warmstart, env) sections of the default embedded policy, cached under ``cache_dir``."""
+    from ragen2_core.config import load_config
+    cfg = load_config(None, [f"policy.cache_dir={cache_dir}"])
+    return cfg.policy, cfg.warmstart, cfg.env
+
+
+def default_key() -> str:
+    return cache_key(*default_configs("~/.cache/ragen2"))
 
 
 def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
@@ -158,8 +174,11 @@ def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed
     return losses
 
 
-def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
-    """Train the tokenizer, init the model, run the supervised pass, save everything to out_dir."""
+def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path | None = None) -> dict:
+    """Train the tokenizer, init the model, run the supervised pass, save everything to out_dir. With
+    ``base_dir`` (warmstart.init_from=default) the tokenizer and the starting weights are that policy's."""
+    if base_dir is not None:
+        return _continue_embedded(out_dir, warm_cfg, env_cfg, base_dir)
     t0 = time.time()
     template = read_template(policy_cfg.chat_template)
     fmt, specials = RAW, template_markers(template) if template else []
@@ -198,6 +217,23 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg) -> dict:
     return meta
 
 
+def _continue_embedded(out_dir: Path, warm_cfg, env_cfg, base_dir: Path) -> dict:
+    # A lookup task learned from scratch stays at chance for millions of tokens (REFERENCE.md 9): the
+    # default policy already copies the value after a key, so a new setting starts from it.
+    from ragen2_core.policy.model import load_pretrained
+    t0 = time.time()
+    model, tok = load_pretrained(str(base_dir))
+    episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000)
+    data = _tokenize(episodes, tok)
+    losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
+                             lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)
+    meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg),
+            "init_from": base_dir.name, "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+            "mean_tokens": sum(len(d[0]) for d in data) / len(data), "build_seconds": round(time.time() - t0, 1)}
+    save_policy(model, tok, out_dir, meta)
+    return meta
+
+
 def find_policy(policy_cfg, warm_cfg, env_cfg) -> tuple[Path, str]:
     """(where the policy with this key is or would be built, "cached" | "shipped" | "missing")."""
     name = f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
@@ -216,6 +252,8 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
     found, where = find_policy(policy_cfg, warm_cfg, env_cfg)
     if where != "missing" and not rebuild:
         return found
+    # Resolved (and built if need be) before this build takes the lock, which that build needs too.
+    base = embedded_policy_path(*default_configs(policy_cfg.cache_dir)) if warm_cfg.init_from == "default" else None
     root = Path(os.path.expanduser(policy_cfg.cache_dir))
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
@@ -227,7 +265,7 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
         old = root / f".old-{final.name}"
         try:
-            build_embedded(tmp, policy_cfg, warm_cfg, env_cfg)
+            build_embedded(tmp, policy_cfg, warm_cfg, env_cfg, base_dir=base)
             if final.exists():  # a rebuild: the old copy steps aside only once the new one is whole
                 shutil.rmtree(old, ignore_errors=True)
                 os.replace(final, old)
