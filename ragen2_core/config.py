@@ -350,7 +350,7 @@ def describe(cls=None) -> str:
 
 # ----------------------------------------------------------------------------- schema
 
-ENVS = ["frozenlake", "sokoban", "math", "code"]
+ENVS = ["frozenlake", "sokoban", "math", "code", "doors"]
 SINGLE_TURN_ENVS = ["math", "code"]  # one reply per episode: slip and the action budgets do not apply
 
 
@@ -369,6 +369,23 @@ class SokobanConfig:
     num_boxes: int = opt(1, "boxes to push onto targets", choices=[1])
     search_depth: int = opt(300, "reverse-play steps used to generate a solvable room", ge=1)
     max_solution_len: Optional[int] = opt(10, "reject rooms whose solution is longer; null = no limit", ge=1)
+
+
+@dataclasses.dataclass
+class DoorsConfig:
+    size: int = opt(4, "rooms per side of the grid", ge=2, le=6)
+    min_path_len: int = opt(4, "fewest doors between start and goal", ge=1)
+    max_path_len: int = opt(8, "most doors between start and goal (below size * size)", ge=1)
+
+    def check(self) -> list[str]:
+        errs = []
+        if self.min_path_len > self.max_path_len:
+            errs.append(f"min_path_len ({self.min_path_len}) exceeds max_path_len ({self.max_path_len}); "
+                        "lower min_path_len or raise max_path_len")
+        if self.max_path_len >= self.size * self.size:
+            errs.append(f"max_path_len ({self.max_path_len}) must be below size * size ({self.size ** 2}); "
+                        "lower it or raise size")
+        return errs
 
 
 @dataclasses.dataclass
@@ -422,6 +439,7 @@ class EnvConfig:
     sokoban: SokobanConfig = opt(SokobanConfig, "Sokoban room generation")
     math: MathConfig = opt(MathConfig, "math word problems (single turn)")
     code: CodeConfig = opt(CodeConfig, "program synthesis in the sandbox (single turn)")
+    doors: DoorsConfig = opt(DoorsConfig, "rooms with one unlocked door each, listed in the observation")
 
     def check(self) -> list[str]:
         errs = []
@@ -475,6 +493,10 @@ class PolicyConfig:
         return errs
 
 
+# The fields that shape the embedded model and its tokenizer (what warmstart.init_from=default must keep).
+EMBEDDED_SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
+
+
 @dataclasses.dataclass
 class WarmStartConfig:
     enabled: bool = opt(True, "supervised pass on expert traces before RL (embedded model only)")
@@ -486,6 +508,8 @@ class WarmStartConfig:
     batch_size: int = opt(16, "traces per optimizer step", ge=1)
     lr: float = opt(2e-3, "peak learning rate (50-step warmup, cosine decay)", gt=0)
     seed: int = opt(0, "seed for trace generation and shuffling")
+    init_from: str = opt("scratch", "start from a new model and tokenizer (scratch), or continue from the default "
+                         "embedded policy, its tokenizer and its copying skills (default)", choices=["scratch", "default"])
 
     def check(self) -> list[str]:
         return [] if self.envs else ["envs is empty; list at least one of " + "|".join(ENVS)]
@@ -692,4 +716,14 @@ class TrainConfig:
         if self.grad_probe.every and self.train.zero_stage == 3:
             errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
                         "use train.zero_stage <= 2 or set grad_probe.every=0")
+        if self.warmstart.init_from == "default" and self.policy.model == "embedded":
+            default = PolicyConfig()
+            for name in EMBEDDED_SHAPE:
+                if getattr(self.policy, name) != getattr(default, name):
+                    errs.append(f"warmstart.init_from=default continues the default embedded policy, whose "
+                                f"policy.{name} is {getattr(default, name)!r}, not {getattr(self.policy, name)!r}; "
+                                f"drop the policy.{name} override or set warmstart.init_from=scratch")
+            if self.policy.chat_template not in ("auto", "none"):
+                errs.append("warmstart.init_from=default continues the default policy, which reads raw text; "
+                            "set policy.chat_template=auto or warmstart.init_from=scratch")
         return errs

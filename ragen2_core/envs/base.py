@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 RESPONSE_RE = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.DOTALL)
 ACTION_SEP = "||"
 NO_ACTION_LINE = "No valid action was given; the state is unchanged."
+# An end reason from ``_apply`` that ends the turn, not the episode (a door that sticks, say): the
+# turn's remaining actions are not made.
+TURN_OVER = "turn_over"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,9 @@ class TextEnv(ABC):
             reward += r
             executed.append(action)
             self._n_actions += 1
+            if reason == TURN_OVER:
+                reason = None
+                break
             if reason:
                 break
         if reason is None and self.actions_left == 0:
@@ -105,7 +111,8 @@ class TextEnv(ABC):
 
     @abstractmethod
     def _apply(self, action: str) -> tuple[float, str | None]:
-        """Execute one canonical action: (reward, end reason "success" | "hole" | None)."""
+        """Execute one canonical action: (reward, end reason "success" | "hole" | ... | None), or
+        ``TURN_OVER`` to end the turn early without ending the episode."""
 
     @abstractmethod
     def render(self) -> str:

@@ -6,12 +6,14 @@ from dataclasses import asdict
 
 from .base import TextEnv
 from .code import CodeEnv
+from .doors import DoorsEnv
 from .frozenlake import FrozenLakeEnv
 from .math import MathEnv
 from .sokoban import SokobanEnv
 
 _ENVS: dict[str, type[TextEnv]] = {"frozenlake": FrozenLakeEnv, "sokoban": SokobanEnv, "math": MathEnv,
-                                   "code": CodeEnv}
+                                   "code": CodeEnv,
+                                   "doors": DoorsEnv}
 ENV_NAMES: list[str] = list(_ENVS)
 SINGLE_TURN: frozenset[str] = frozenset({"math", "code"})  # one reply per episode, seeds split by content
 

@@ -129,6 +129,44 @@ def iqm(values) -> Optional[float]:
     return float(sps.trim_mean(x, 0.25)) if len(x) else None
 
 
+def wilson_ci(successes: int, n: int, level: float = LEVEL) -> Estimate:
+    """Wilson score interval of a proportion: stays inside [0, 1] and keeps its coverage near 0 and
+    1, where the normal (Wald) interval collapses to zero width."""
+    if n == 0:
+        return Estimate(None, None, None, 0, "n=0: no interval")
+    z = float(sps.norm.ppf(0.5 + level / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return Estimate(p, max(0.0, centre - half), min(1.0, centre + half), n, "Wilson score")
+
+
+def proportion_diff_ci(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL) -> Estimate:
+    """p1 - p2 of two independent proportions with Newcombe's hybrid score interval (his method 10:
+    each proportion's Wilson interval, combined), which behaves where the Wald difference does not."""
+    if not n1 or not n2:
+        return Estimate(None, None, None, min(n1, n2), "a group is empty: no interval")
+    a, b = wilson_ci(k1, n1, level), wilson_ci(k2, n2, level)
+    d = a.value - b.value
+    low = d - math.sqrt((a.value - a.low) ** 2 + (b.high - b.value) ** 2)
+    high = d + math.sqrt((a.high - a.value) ** 2 + (b.value - b.low) ** 2)
+    return Estimate(d, low, high, n1 + n2, "Newcombe hybrid score")
+
+
+def min_detectable_difference(sd: float, n_per_arm: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Smallest true difference of two arms' means that a two-sided level-``alpha`` test of ``n_per_arm``
+    trials each detects with probability ``power``, for a per-trial SD ``sd`` (normal approximation):
+    (z_{1-alpha/2} + z_{power}) * sd * sqrt(2 / n)."""
+    z = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
+    return float(z * sd * math.sqrt(2 / n_per_arm))
+
+
+def trial_sd(seed_sd: float, p: float, n_episodes: int) -> float:
+    """Per-trial SD of a success rate measured on ``n_episodes`` validation episodes: the spread
+    between seeds plus the binomial noise of the measurement, p (1 - p) / n."""
+    return math.sqrt(seed_sd ** 2 + p * (1 - p) / n_episodes)
+
+
 def _iqm_axis(*samples, axis=-1):
     return sps.trim_mean(np.concatenate(samples, axis=axis), 0.25, axis=axis)
 

@@ -109,3 +109,30 @@ def test_diff_interval():
     assert d.value == pytest.approx(0.3) and d.low <= 0.3 <= d.high
     assert stats.diff_ci([0.5], []).value is None
     assert math.isclose(stats.diff_ci([0.5, 0.5], [0.2, 0.2]).low, 0.3)
+
+
+def test_wilson_interval_matches_hand_values_and_stays_inside_zero_one():
+    # 8 of 10, z = 1.96: centre (0.8 + 1.9208/10) / 1.38416 = 0.72246, half-width
+    # 1.96 * sqrt(0.016 + 0.0096040) / 1.38416 = 0.22658 -> [0.4902, 0.9433].
+    est = stats.wilson_ci(8, 10)
+    assert (est.value, round(est.low, 4), round(est.high, 4)) == (0.8, 0.4902, 0.9433)
+    zero, full = stats.wilson_ci(0, 20), stats.wilson_ci(20, 20)
+    assert zero.low == 0.0 and zero.high > 0.1 and full.high == 1.0 and full.low < 0.9
+    assert stats.wilson_ci(0, 0).value is None
+
+
+def test_proportion_difference_is_newcombes_method_10():
+    # Newcombe (1998), Stat. Med. 17:873, example (a): 56/70 vs 48/80 -> 0.2000 [0.0524, 0.3339].
+    est = stats.proportion_diff_ci(56, 70, 48, 80)
+    assert round(est.value, 4) == 0.2 and (round(est.low, 4), round(est.high, 4)) == (0.0524, 0.3339)
+    assert stats.proportion_diff_ci(3, 0, 1, 5).value is None
+
+
+def test_minimum_detectable_difference_and_trial_sd():
+    # (1.95996 + 0.84162) * 0.1 * sqrt(2 / 10) = 0.12529
+    assert stats.min_detectable_difference(0.1, 10) == pytest.approx(0.12529, abs=1e-5)
+    # Four times the trials halve it.
+    assert stats.min_detectable_difference(0.1, 40) == pytest.approx(0.12529 / 2, abs=1e-5)
+    # sqrt(0.05^2 + 0.25 / 300) = sqrt(0.0025 + 0.000833) = 0.057735
+    assert stats.trial_sd(0.05, 0.5, 300) == pytest.approx(0.057735, abs=1e-6)
+    assert stats.trial_sd(0.0, 1.0, 300) == 0.0

@@ -1,0 +1,164 @@
+"""Doors: rooms on a grid, each with one unlocked door, all listed in the observation.
+
+The player must reach the goal room. Every room has exactly one unlocked door (a move: Left, Down,
+Right, Up) and the observation lists them all (``Doors: (0, 0) Down, (0, 1) Left, ...``). Trying
+a locked door ends the episode, so the only way to the goal is the chain of unlocked doors from
+the start, several rooms long. The chain is a random self-avoiding walk, not a shortest path: no
+geometric rule ("head for the goal") finds it, only reading the list does.
+
+Each step of the chain is one lookup the embedded model already does (find the room just named,
+copy the word after it) plus a neighbour cell; the grounded reasoning writes those steps down
+(``Path: (0, 2) Down (1, 2) Right (1, 3)``). Answering without it means composing two or more
+lookups in one forward pass for every second move of a turn, which a ~1M-parameter model does not
+do reliably: so here the reasoning is needed, and a collapse to the template costs success.
+
+Noise (``slip``): with that probability a door sticks, the player stays, and the rest of the
+turn's moves are not made (the budget is spent), so noise lowers success without making it zero.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import TURN_OVER, TextEnv
+
+Pos = tuple[int, int]
+
+TEMPLATE_THINK = "Let me think about the doors that lead to the goal."
+ACTIONS = ["Left", "Down", "Right", "Up"]
+_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
+_DYNAMICS_SALT = 0xD0_025  # keeps the sticking-door stream apart from the map stream of the same seed
+_MAX_ATTEMPTS = 10_000
+
+
+def _fmt(cell: Pos) -> str:
+    return f"({cell[0]}, {cell[1]})"
+
+
+class DoorsEnv(TextEnv):
+    """Follow the unlocked doors from the start to the goal; reward 1 at the goal, 0 otherwise."""
+
+    name = "doors"
+    template_think = TEMPLATE_THINK
+    action_names = ACTIONS
+
+    def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
+                 max_actions: int = 10, format_penalty: float = -0.1, size: int = 4,
+                 min_path_len: int = 4, max_path_len: int = 8):
+        super().__init__(slip=slip, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
+                         max_actions=max_actions, format_penalty=format_penalty)
+        if not 0.0 <= slip <= 1.0:
+            raise ValueError(f"slip must be in [0, 1], got {slip}")
+        if size < 2:
+            raise ValueError(f"size must be >= 2, got {size}")
+        if not 1 <= min_path_len <= max_path_len < size * size:
+            raise ValueError(f"need 1 <= min_path_len ({min_path_len}) <= max_path_len ({max_path_len}) "
+                             f"< size * size ({size * size})")
+        self.size, self.min_path_len, self.max_path_len = size, min_path_len, max_path_len
+        self.doors: dict[Pos, str] = {}
+        self.start: Pos = (0, 0)
+        self.goal: Pos = (0, 0)
+        self._player: Pos = (0, 0)
+        self._dyn: np.random.Generator | None = None
+
+    # ---- map -------------------------------------------------------------------------------
+
+    def _generate(self, rng: np.random.Generator) -> None:
+        n = self.size
+        for _ in range(_MAX_ATTEMPTS):
+            length = int(rng.integers(self.min_path_len, self.max_path_len + 1))
+            pos = (int(rng.integers(n)), int(rng.integers(n)))
+            walk, seen = [], {pos}
+            while len(walk) < length:
+                options = [a for a in ACTIONS if (nxt := self._move(pos, a)) != pos and nxt not in seen]
+                if not options:
+                    break
+                action = options[int(rng.integers(len(options)))]
+                walk.append((pos, action))
+                pos = self._move(pos, action)
+                seen.add(pos)
+            if len(walk) < length:
+                continue  # the walk boxed itself in: draw another
+            doors = {}
+            for r in range(n):
+                for c in range(n):
+                    inside = [a for a in ACTIONS if self._move((r, c), a) != (r, c)]
+                    doors[(r, c)] = inside[int(rng.integers(len(inside)))]
+            doors.update(dict(walk))
+            self.doors, self.start, self.goal = doors, walk[0][0], pos
+            return
+        raise RuntimeError(f"no self-avoiding walk of {self.min_path_len}-{self.max_path_len} doors on a "
+                           f"{n}x{n} grid in {_MAX_ATTEMPTS} tries")
+
+    def _move(self, pos: Pos, action: str) -> Pos:
+        dr, dc = _DELTAS[action]
+        r, c = pos[0] + dr, pos[1] + dc
+        return (r, c) if 0 <= r < self.size and 0 <= c < self.size else pos
+
+    # ---- episode ---------------------------------------------------------------------------
+
+    def reset(self, seed: int, dynamics_seed: int | None = None) -> str:
+        self._generate(np.random.default_rng(seed))
+        self._dyn = np.random.default_rng([_DYNAMICS_SALT, seed if dynamics_seed is None else dynamics_seed])
+        self._player = self.start
+        self._turn, self._n_actions, self._done = 0, 0, False
+        return self.render()
+
+    @property
+    def player(self) -> Pos:
+        return self._player
+
+    def _apply(self, action: str) -> tuple[float, str | None]:
+        if self.slip and self._dyn.random() < self.slip:
+            return 0.0, TURN_OVER  # the door sticks
+        if action != self.doors[self._player]:
+            return 0.0, "locked"
+        self._player = self._move(self._player, action)
+        if self._player == self.goal:
+            return 1.0, "success"
+        return 0.0, None
+
+    # ---- text ------------------------------------------------------------------------------
+
+    def render(self) -> str:
+        doors = ", ".join(f"{_fmt(cell)} {self.doors[cell]}" for cell in sorted(self.doors))
+        return "\n".join([f"Board size: {self.size} rows x {self.size} cols (zero-indexed)",
+                          f"Goal: {_fmt(self.goal)}", f"Player: {_fmt(self._player)}", f"Doors: {doors}"])
+
+    def system_prompt(self) -> str:
+        k = self.max_actions_per_turn
+        sticky = " A door may stick: you stay, and the rest of that turn's moves are lost." if self.slip > 0 else ""
+        return (
+            "You are in a house of rooms on a grid.\n"
+            "Goal: reach the goal room. Each room has one unlocked door, listed under Doors; "
+            f"trying a locked door ends the game.{sticky}\n"
+            "Coordinates are (row, col), zero-indexed from the top-left.\n"
+            f"Actions: {', '.join(ACTIONS)}: go through the door on that side.\n"
+            f"Up to {self.max_actions} actions in total, at most {k} per turn, separated by ||.\n"
+            f"Example: <answer>{' || '.join(['Right', 'Up'][:k])}</answer>")
+
+    # ---- expert ----------------------------------------------------------------------------
+
+    def solve(self) -> list[str] | None:
+        """The unlocked doors from the player to the goal (the only way there)."""
+        plan, pos, seen = [], self._player, {self._player}
+        while pos != self.goal:
+            action = self.doors[pos]
+            pos = self._move(pos, action)
+            if pos in seen:
+                return None  # not on the chain (cannot happen from the start)
+            plan.append(action)
+            seen.add(pos)
+        return plan
+
+    def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
+        here = f"Player: {_fmt(self._player)}. Goal: {_fmt(self.goal)}."
+        if plan is None:
+            return f"{here} No path. Next: {next_actions}."
+        steps, pos = [_fmt(self._player)], self._player
+        for action in plan[:next_actions.count("||") + 1]:
+            pos = self._move(pos, action)
+            steps += [action, _fmt(pos)]
+        return f"{here} Path: {' '.join(steps)}. Next: {next_actions}."
+
+    def _fallback_move(self) -> list[str]:
+        return [self.doors[self._player]]
