@@ -252,12 +252,13 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
     found, where = find_policy(policy_cfg, warm_cfg, env_cfg)
     if where != "missing" and not rebuild:
         return found
-    # Resolved (and built if need be) before this build takes the lock, which that build needs too.
+    # The policy continued from is found (or built) first: this build's traces start from it.
     base = embedded_policy_path(*default_configs(policy_cfg.cache_dir)) if warm_cfg.init_from == "default" else None
     root = Path(os.path.expanduser(policy_cfg.cache_dir))
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
-    with open(root / ".build.lock", "w") as lock:
+    # One lock per policy: builds of different policies (a sweep over warm-start recipes) run side by side.
+    with open(root / f".{final.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if (final / EMBEDDED_MARKER).exists() and not rebuild:  # built by another process while we waited
             return final

@@ -89,7 +89,7 @@ def test_envs_treat_a_reply_without_valid_action_as_a_no_op(make, text):
 
 
 def test_registry_builds_each_env_with_kwargs():
-    assert list(ENV_NAMES) == ["frozenlake", "sokoban", "math", "code"]
+    assert list(ENV_NAMES) == ["frozenlake", "sokoban", "math", "code", "doors"]
     lake = make_env("frozenlake", slip=0.2, size=5)
     room = make_env("sokoban", max_actions=6)
     assert isinstance(lake, FrozenLakeEnv) and lake.size == 5 and lake.slip == 0.2
