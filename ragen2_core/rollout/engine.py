@@ -181,7 +181,13 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     # A chat template's end-of-turn token also ends a reply; the template supplies it otherwise.
     eot = single_token_id(tokenizer, fmt.end_of_turn) if fmt.end_of_turn else None
     stop = [t for t in (single_token_id(tokenizer, "</answer>"), tokenizer.eos_token_id, eot) if t is not None]
-    stop_ids = torch.tensor(stop, dtype=torch.long, device=next(model.parameters()).device)
+    device = next(model.parameters()).device
+    stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
+    if generator is not None and generator.device != device:
+        # torch.multinomial needs a generator on the logits' device: a CPU generator (how callers
+        # seed) with a model on the GPU seeds one there, so a seed still fixes the rollout.
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        generator = torch.Generator(device=device).manual_seed(seed)
     close_id = single_token_id(tokenizer, "</think>")
 
     token_ids = [[] for _ in range(B)]
