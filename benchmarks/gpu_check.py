@@ -11,13 +11,14 @@ first warms up (benchmarks/step_vs_trl.py measures both the same way). The last 
 JSON object. ``--dry`` runs the same code on a tiny shape and a small vocabulary with a small batch:
 on CPU it checks that every part runs, and its numbers mean nothing.
 
-    bash scripts/gpu_check.sh                 # on the GPU machine (sized for under 8 minutes; not yet run on one)
+    bash scripts/gpu_check.sh                 # on the GPU machine (about 2.5 minutes on an H200)
     bash scripts/gpu_check.sh --dry           # anywhere: the plumbing on CPU, a minute or two
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -54,9 +55,10 @@ def part(fn) -> dict:
     return out | {"wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def check_shape(shape: str, *, dry: bool, cuda: bool, steps: int, threads: int) -> dict:
+def check_shape(shape: str, *, dry: bool, cuda: bool, steps: int, threads: int, sets: tuple[str, ...] = ()) -> dict:
     batch = dict(groups=2, group_size=2, max_new=8) if dry else dict(groups=8, group_size=8, max_new=64)
     common = ("policy.dtype=bfloat16", "train.zero_stage=2") if cuda else ("train.zero_stage=2",)
+    common = (*common, *sets)
     with tempfile.TemporaryDirectory(prefix=f"ragen2-gpu-{shape}-") as d:
         model_dir = Path(d) / "model"
         t0 = time.perf_counter()
@@ -75,17 +77,25 @@ def main() -> None:
     ap.add_argument("--dry", action="store_true", help="tiny shape and batch: check the plumbing (CPU is fine)")
     ap.add_argument("--steps", type=int, default=1, help="timed steps after one warm-up step")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="one more config override for our trainer (repeatable), e.g. train.deepspeed_config=ds.json")
     a = ap.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and not a.dry:
         sys.exit("gpu_check: no CUDA device here; run with --dry to check the plumbing on CPU")
     torch.set_num_threads(a.threads)
     out = {"name": "gpu_check", "dry": a.dry, "device": torch.cuda.get_device_name(0) if cuda else platform.processor() or "cpu",
-           "torch": torch.__version__, "shapes": {}}
+           "torch": torch.__version__, "shapes": {}} | ({"overrides": a.set} if a.set else {})
     for shape in SHAPES["dry" if a.dry else "full"]:
-        out["shapes"][shape] = check_shape(shape, dry=a.dry, cuda=cuda, steps=a.steps, threads=a.threads)
+        out["shapes"][shape] = check_shape(shape, dry=a.dry, cuda=cuda, steps=a.steps, threads=a.threads,
+                                         sets=tuple(a.set))
         print(f"[gpu_check] {shape}: {json.dumps(out['shapes'][shape])}", flush=True)
-    print(json.dumps(out))
+    print(json.dumps(out), flush=True)
+    if cuda:
+        # On an H200 the interpreter hung at exit after this line (just after NCCL warned that our
+        # trainer's process group was never destroyed) until gpu_check.sh's timeout; nothing is left to do.
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-4}"
-if ! python -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+PY="${PYTHON:-python3}"   # python3: some CUDA images have no plain `python`
+if ! "$PY" -c "import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   export DS_ACCELERATOR=cpu
 fi
-exec timeout 470 python benchmarks/gpu_check.py "$@"
+exec timeout 470 "$PY" benchmarks/gpu_check.py "$@"
