@@ -373,7 +373,7 @@ class SokobanConfig:
 
 @dataclasses.dataclass
 class DoorsConfig:
-    size: int = opt(4, "rooms per side of the grid", ge=2, le=6)
+    size: int = opt(4, "rooms per side of the grid (rooms are named by letters: at most 5)", ge=2, le=5)
     min_path_len: int = opt(4, "fewest doors between start and goal", ge=1)
     max_path_len: int = opt(8, "most doors between start and goal (below size * size)", ge=1)
 

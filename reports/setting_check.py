@@ -13,7 +13,13 @@ sampled decoding (the rollout's temperature), all built first if they are not ca
 
 The first comparison says grounded reasoning goes with success; the second that it causes it (the
 maps are the same, only the reasoning taught differs). Intervals: Wilson per proportion, Newcombe's
-hybrid score interval per difference, 95 %. Prints a Markdown table and writes the numbers as JSON.
+hybrid score interval per difference, 95 %.
+
+Beside the play, each policy is read teacher-forced on expert episodes of the style it was taught
+(the mixed one on both) over the same seeds: the share of turns whose whole reply is the greedy
+next-token choice at every token, and of answers' first and second moves. That says which step a
+policy gets wrong (a lookup in the reasoning, or composing lookups in the answer) where the
+success rates only say that it does. Prints Markdown tables and writes the numbers as JSON.
 """
 from __future__ import annotations
 
@@ -52,6 +58,10 @@ def play(cfg) -> dict:
     t0 = time.time()
     summary, batch = evaluate(model, tok, make_env, seeds=val_seeds(cfg.env), sampling=sampling,
                               seed=cfg.train.seed, fmt=prompt_format(tok, cfg.policy.chat_template))
+    frac = cfg.warmstart.grounded_frac
+    taught = ["grounded"] if frac == 1 else ["template"] if frac == 0 else ["grounded", "template"]
+    forced = {style: teacher_forced(model, tok, make_env, val_seeds(cfg.env), style,
+                                    prompt_format(tok, cfg.policy.chat_template)) for style in taught}
     template = make_env().template_think
     first_template = [bool(rs) and think_text(rs[0]) == template for rs in batch.responses]
     by_style = {}
@@ -59,8 +69,38 @@ def play(cfg) -> dict:
         wins = [ok for t, ok in zip(first_template, batch.success) if t == want]
         by_style[style] = {"successes": int(sum(wins)), "episodes": len(wins)}
     return {"policy": str(path), "episodes": len(batch), "successes": int(sum(batch.success)),
-            "template_frac": summary["template_frac"], "first_turn": by_style,
+            "template_frac": summary["template_frac"], "first_turn": by_style, "teacher_forced": forced,
             "seconds": round(time.time() - t0, 1)}
+
+
+def teacher_forced(model, tok, make_env, seeds, style: str, fmt) -> dict:
+    """Greedy next-token accuracy on expert episodes of ``style``, per turn: the whole reply, and each
+    answer move (every token of that move right, given the expert's prefix)."""
+    import torch
+
+    from ragen2_core.policy.warmstart import expert_episode
+
+    whole, moves = [], {}
+    for seed in seeds:
+        ids, replies = [], []
+        for chunk, reply in expert_episode(make_env(), seed, style, fmt):
+            ids += tok.encode(chunk, add_special_tokens=False)
+            enc = tok(reply, add_special_tokens=False, return_offsets_mapping=True)
+            replies.append((len(ids), reply, enc["offset_mapping"]))
+            ids += enc["input_ids"]
+        with torch.no_grad():
+            pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1).tolist()
+        right = [True] + [pred[t - 1] == ids[t] for t in range(1, len(ids))]  # token t predicted at t - 1
+        for base, reply, offsets in replies:
+            whole.append(all(right[base:base + len(offsets)]))
+            start = reply.index("<answer>") + len("<answer>")
+            for k, move in enumerate(reply[start:reply.index("</answer>")].split(" || ")):
+                lo = reply.index(move, start)
+                start = lo + len(move)
+                span = [base + j for j, (a, b) in enumerate(offsets) if a < start and b > lo]
+                moves.setdefault(k, []).append(all(right[t] for t in span))
+    return {"turns": len(whole), "reply_right": sum(whole) / len(whole),
+            "move_right": {str(k + 1): sum(v) / len(v) for k, v in sorted(moves.items())}}
 
 
 def _pct(est: stats.Estimate) -> str:
@@ -86,6 +126,13 @@ def table(results: dict) -> str:
              f"| grounded-only vs template-only warm start | "
              f"{_pct(stats.wilson_ci(go['successes'], go['episodes']))} vs "
              f"{_pct(stats.wilson_ci(to['successes'], to['episodes']))} | {_pct(taught)} |"]
+    rows += ["", "| policy | expert style read | turns | whole reply right | move 1 right | move 2 right |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, r in results.items():
+        for style, f in r.get("teacher_forced", {}).items():
+            m = f["move_right"]
+            rows.append(f"| {name} | {style} | {f['turns']} | {100 * f['reply_right']:.1f} % | "
+                        f"{100 * m.get('1', float('nan')):.1f} % | {100 * m.get('2', float('nan')):.1f} % |")
     return "\n".join(rows)
 
 

@@ -1,16 +1,18 @@
 """Doors: rooms on a grid, each with one unlocked door, all listed in the observation.
 
-The player must reach the goal room. Every room has exactly one unlocked door (a move: Left, Down,
-Right, Up) and the observation lists them all (``Doors: (0, 0) Down, (0, 1) Left, ...``). Trying
-a locked door ends the episode, so the only way to the goal is the chain of unlocked doors from
-the start, several rooms long. The chain is a random self-avoiding walk, not a shortest path: no
+The player must reach the goal room. Rooms are named by letters, row by row (A B C D on the top
+row of a 4x4 house). Every room has exactly one unlocked door (a move: Left, Down, Right, Up) and
+the observation lists each with the room it leads to (``Doors: A Down E, B Left A, ...``). Trying a
+locked door ends the episode, so the only way to the goal is the chain of unlocked doors from the
+start, several rooms long. The chain is a random self-avoiding walk, not a shortest path: no
 geometric rule ("head for the goal") finds it, only reading the list does.
 
-Each step of the chain is one lookup the embedded model already does (find the room just named,
-copy the word after it) plus a neighbour cell; the grounded reasoning writes those steps down
-(``Path: (0, 2) Down (1, 2) Right (1, 3)``). Answering without it means composing two or more
-lookups in one forward pass for every second move of a turn, which a ~1M-parameter model does not
-do reliably: so here the reasoning is needed, and a collapse to the template costs success.
+Each step of the chain is one lookup whose key is one letter, the room just written (find ``C`` in
+the list, copy the door and the room after it): the copy the embedded model already does. The
+grounded reasoning writes those steps down (``Path: B Right C Down G``). Answering without it means
+composing two lookups in one forward pass for every second move of a turn, which a ~1M-parameter
+model does not do reliably: so here the reasoning is needed, and a collapse to the template costs
+success.
 
 Noise (``slip``): with that probability a door sticks, the player stays, and the rest of the
 turn's moves are not made (the budget is spent), so noise lowers success without making it zero.
@@ -30,8 +32,12 @@ _DYNAMICS_SALT = 0xD0_025  # keeps the sticking-door stream apart from the map s
 _MAX_ATTEMPTS = 10_000
 
 
-def _fmt(cell: Pos) -> str:
-    return f"({cell[0]}, {cell[1]})"
+MAX_SIZE = 5  # one capital letter per room
+
+
+def room_name(cell: Pos, size: int) -> str:
+    """Rooms are named A, B, C, ... row by row: a lookup's key is one letter."""
+    return chr(ord("A") + cell[0] * size + cell[1])
 
 
 class DoorsEnv(TextEnv):
@@ -48,8 +54,8 @@ class DoorsEnv(TextEnv):
                          max_actions=max_actions, format_penalty=format_penalty)
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"slip must be in [0, 1], got {slip}")
-        if size < 2:
-            raise ValueError(f"size must be >= 2, got {size}")
+        if not 2 <= size <= MAX_SIZE:
+            raise ValueError(f"size must be in [2, {MAX_SIZE}] (one letter per room), got {size}")
         if not 1 <= min_path_len <= max_path_len < size * size:
             raise ValueError(f"need 1 <= min_path_len ({min_path_len}) <= max_path_len ({max_path_len}) "
                              f"< size * size ({size * size})")
@@ -119,19 +125,24 @@ class DoorsEnv(TextEnv):
 
     # ---- text ------------------------------------------------------------------------------
 
+    def room(self, cell: Pos) -> str:
+        return room_name(cell, self.size)
+
     def render(self) -> str:
-        doors = ", ".join(f"{_fmt(cell)} {self.doors[cell]}" for cell in sorted(self.doors))
-        return "\n".join([f"Board size: {self.size} rows x {self.size} cols (zero-indexed)",
-                          f"Goal: {_fmt(self.goal)}", f"Player: {_fmt(self._player)}", f"Doors: {doors}"])
+        doors = ", ".join(f"{self.room(c)} {self.doors[c]} {self.room(self._move(c, self.doors[c]))}"
+                          for c in sorted(self.doors))
+        last = self.room((self.size - 1, self.size - 1))
+        return "\n".join([f"Rooms: A-{last}, {self.size} rows x {self.size} cols, named row by row",
+                          f"Goal: {self.room(self.goal)}", f"Player: {self.room(self._player)}",
+                          f"Doors: {doors}"])
 
     def system_prompt(self) -> str:
         k = self.max_actions_per_turn
         sticky = " A door may stick: you stay, and the rest of that turn's moves are lost." if self.slip > 0 else ""
         return (
             "You are in a house of rooms on a grid.\n"
-            "Goal: reach the goal room. Each room has one unlocked door, listed under Doors; "
-            f"trying a locked door ends the game.{sticky}\n"
-            "Coordinates are (row, col), zero-indexed from the top-left.\n"
+            "Goal: reach the goal room. Each room has one unlocked door, listed under Doors with "
+            f"the room it leads to; trying a locked door ends the game.{sticky}\n"
             f"Actions: {', '.join(ACTIONS)}: go through the door on that side.\n"
             f"Up to {self.max_actions} actions in total, at most {k} per turn, separated by ||.\n"
             f"Example: <answer>{' || '.join(['Right', 'Up'][:k])}</answer>")
@@ -151,13 +162,13 @@ class DoorsEnv(TextEnv):
         return plan
 
     def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
-        here = f"Player: {_fmt(self._player)}. Goal: {_fmt(self.goal)}."
+        here = f"Player: {self.room(self._player)}. Goal: {self.room(self.goal)}."
         if plan is None:
             return f"{here} No path. Next: {next_actions}."
-        steps, pos = [_fmt(self._player)], self._player
+        steps, pos = [self.room(self._player)], self._player
         for action in plan[:next_actions.count("||") + 1]:
             pos = self._move(pos, action)
-            steps += [action, _fmt(pos)]
+            steps += [action, self.room(pos)]
         return f"{here} Path: {' '.join(steps)}. Next: {next_actions}."
 
     def _fallback_move(self) -> list[str]:

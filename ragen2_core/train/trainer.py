@@ -88,7 +88,9 @@ def total_over_ranks(n: int, world: int) -> int:
     """Sum of `n` over the data-parallel ranks (each rolls out and filters its own groups)."""
     if world == 1:
         return n
-    box = torch.tensor([n], dtype=torch.long)
+    # NCCL reduces CUDA tensors only; gloo takes CPU ones.
+    nccl = torch.distributed.get_backend() == "nccl"
+    box = torch.tensor([n], dtype=torch.long, device=f"cuda:{torch.cuda.current_device()}" if nccl else "cpu")
     torch.distributed.all_reduce(box)
     return int(box.item())
 

@@ -5,12 +5,11 @@ import re
 import pytest
 
 from ragen2_core.config import ConfigError, load_config
-from ragen2_core.envs.doors import ACTIONS, TEMPLATE_THINK, DoorsEnv
+from ragen2_core.envs.doors import ACTIONS, TEMPLATE_THINK, DoorsEnv, room_name
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.warmstart import cache_key, expert_episode
 from ragen2_core.rollout.evaluate import random_baseline
 
-CELL = r"\((\d), (\d)\)"
 
 
 def _reply(actions):
@@ -40,13 +39,23 @@ def test_chain_from_start_reaches_goal_in_the_drawn_length_without_revisits(seed
     assert all(all(0 <= x < 4 for x in _neighbour(env, c, a)) for c, a in env.doors.items())
 
 
-def test_same_seed_same_house_and_the_observation_lists_every_door():
+def test_rooms_are_letters_row_by_row():
+    # 4x4: row 0 is A B C D, row 1 starts at E; (2, 3) is 2 * 4 + 3 = 11 letters after A: L.
+    assert [room_name((0, c), 4) for c in range(4)] == list("ABCD")
+    assert room_name((1, 0), 4) == "E" and room_name((2, 3), 4) == "L" and room_name((4, 4), 5) == "Y"
+    with pytest.raises(ValueError, match="one letter per room"):
+        DoorsEnv(size=6)
+
+
+def test_same_seed_same_house_and_the_observation_lists_every_door_with_where_it_leads():
     a, b = DoorsEnv(), DoorsEnv()
     assert a.reset(7) == b.reset(7) and a.doors == b.doors
     obs = a.render()
-    listed = dict(((int(r), int(c)), d) for r, c, d in re.findall(CELL + r" (\w+)", obs.split("Doors: ")[1]))
-    assert listed == a.doors
-    assert f"Player: ({a.start[0]}, {a.start[1]})" in obs and f"Goal: ({a.goal[0]}, {a.goal[1]})" in obs
+    listed = re.findall(r"([A-P]) (Left|Down|Right|Up) ([A-P])", obs.split("Doors: ")[1])
+    cells = {room_name((r, c), 4): (r, c) for r in range(4) for c in range(4)}
+    assert {cells[room]: door for room, door, _ in listed} == a.doors and len(listed) == 16
+    assert all(cells[to] == _neighbour(a, cells[room], door) for room, door, to in listed)
+    assert f"Player: {room_name(a.start, 4)}\n" in obs and f"Goal: {room_name(a.goal, 4)}\n" in obs
 
 
 def test_expert_solves_every_house_and_its_reasoning_is_the_chain_of_lookups():
@@ -57,15 +66,15 @@ def test_expert_solves_every_house_and_its_reasoning_is_the_chain_of_lookups():
         env.reset(seed)
         for _, reply in turns:
             think = reply.split("</think>")[0]
-            path = re.findall(r"\(\d, \d\)|Left|Down|Right|Up", think.split("Path: ")[1].split(". Next:")[0])
+            path = think.split("Path: ")[1].split(". Next:")[0].split(" ")
             cell = env.player
-            assert path[0] == f"({cell[0]}, {cell[1]})"
+            assert path[0] == room_name(cell, 4)
             # Path alternates room, its listed door, the room that door leads to.
             for i in range(1, len(path), 2):
                 door = path[i]
                 assert door == env.doors[cell]
                 cell = _neighbour(env, cell, door)
-                assert path[i + 1] == f"({cell[0]}, {cell[1]})"
+                assert path[i + 1] == room_name(cell, 4)
             actions = reply.split("<answer>")[1].split("</answer>")[0].split(" || ")
             assert actions == path[1::2]
             env.step("<think>" + reply)

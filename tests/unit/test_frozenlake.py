@@ -5,6 +5,7 @@ import pytest
 
 from ragen2_core.envs.base import NO_ACTION_LINE
 from ragen2_core.envs.frozenlake import ACTIONS, FrozenLakeEnv
+from ragen2_core.policy.warmstart import reply_text
 
 BOARD = ["_P__",
          "_O__",
@@ -21,7 +22,7 @@ def reply(*actions: str) -> str:
 
 def expert_reply(env, style: str = "grounded") -> str:
     turn = env.expert_turn(style)
-    return f"<think>{turn.think}</think><answer>{' || '.join(turn.actions)}</answer>"
+    return "<think>" + reply_text(turn.think, turn.actions)  # as the warm start writes it
 
 
 def test_observation_matches_the_documented_format():

@@ -1,0 +1,69 @@
+"""reports/setting_check.py's teacher-forced reading, with stand-in models whose every prediction is
+known: one that always predicts the episode's next token, and one that gets one token wrong."""
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reports"))
+import setting_check  # noqa: E402
+
+from ragen2_core.envs.doors import DoorsEnv  # noqa: E402
+from ragen2_core.policy.warmstart import SHIPPED, expert_episode  # noqa: E402
+from ragen2_core.rollout.prompt import RAW  # noqa: E402
+
+TOKENIZER = next(SHIPPED.glob("embedded-*"), None)
+pytestmark = pytest.mark.skipif(TOKENIZER is None, reason="no shipped policy folder to take a tokenizer from")
+
+
+class Oracle(torch.nn.Module):
+    """Logits that put all mass on the true next token, except where ``wrong`` says (positions whose
+    *target* token index is in it get the token after the true one)."""
+
+    def __init__(self, vocab: int, wrong=()):
+        super().__init__()
+        self.vocab, self.wrong = vocab, set(wrong)
+
+    def forward(self, input_ids):
+        ids = input_ids[0].tolist()
+        logits = torch.zeros(1, len(ids), self.vocab)
+        for t in range(len(ids) - 1):
+            target = ids[t + 1] if t + 1 not in self.wrong else (ids[t + 1] + 1) % self.vocab
+            logits[0, t, target] = 1.0
+        return type("Out", (), {"logits": logits})()
+
+
+def _episode_ids(tok, seed, style):
+    ids, replies = [], []
+    for chunk, reply in expert_episode(DoorsEnv(), seed, style, RAW):
+        ids += tok.encode(chunk, add_special_tokens=False)
+        replies.append((len(ids), reply, tok(reply, add_special_tokens=False, return_offsets_mapping=True)))
+        ids += replies[-1][2]["input_ids"]
+    return ids, replies
+
+
+def test_a_model_that_is_always_right_scores_one_everywhere():
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    out = setting_check.teacher_forced(Oracle(len(tok)), tok, DoorsEnv, [0, 1], "grounded", RAW)
+    # Seeds 0 and 1 need 2-4 turns each; every turn is right, and every answer has 1 or 2 moves.
+    turns = sum(len(expert_episode(DoorsEnv(), s, "grounded", RAW)) for s in (0, 1))
+    assert out["turns"] == turns and out["reply_right"] == 1.0
+    assert out["move_right"]["1"] == 1.0 and out["move_right"].get("2", 1.0) == 1.0
+
+
+def test_one_wrong_token_in_the_first_answers_second_move_counts_against_that_move_and_reply_only():
+    tok = AutoTokenizer.from_pretrained(TOKENIZER)
+    ids, replies = _episode_ids(tok, 0, "template")
+    base, reply, enc = replies[0]
+    second = reply.index(" || ") + len(" || ")  # first character of the second move
+    # The token of the first reply whose characters start the second move.
+    t = base + next(j for j, (a, b) in enumerate(enc["offset_mapping"]) if a <= second < b)
+    out = setting_check.teacher_forced(Oracle(len(tok), wrong=[t]), tok, DoorsEnv, [0], "template", RAW)
+    n = len(replies)
+    # One of n replies is wrong; all first moves are right; one of the second moves is wrong.
+    n_second = sum(" || " in r for _, r, _ in replies)
+    assert out["turns"] == n and out["reply_right"] == pytest.approx((n - 1) / n)
+    assert out["move_right"]["1"] == 1.0
+    assert out["move_right"]["2"] == pytest.approx((n_second - 1) / n_second)
