@@ -7,12 +7,13 @@ locked door ends the episode, so the only way to the goal is the chain of unlock
 start, several rooms long. The chain is a random self-avoiding walk, not a shortest path: no
 geometric rule ("head for the goal") finds it, only reading the list does.
 
-Each step of the chain is one lookup whose key is one letter, the room just written (find ``C`` in
-the list, copy the door and the room after it): the copy the embedded model already does. The
-grounded reasoning writes those steps down (``Path: B Right C Down G``). Answering without it means
+Each step of the chain is one lookup whose key is one letter, the room just written (find ``C``
+in the list, copy the door and the room after it): an induction-style copy, which the embedded
+model learns in a grounded doors warm start on a 3x3 house (docs/reproduction.md). The grounded
+reasoning writes those steps down (``Path: B Right C Down G``). Answering without it means
 composing two lookups in one forward pass for every second move of a turn, which a ~1M-parameter
-model does not do reliably: so here the reasoning is needed, and a collapse to the template costs
-success.
+model is not expected to do reliably; whether the reasoning is then needed, so that a collapse to
+the template costs success, is what ``reports/setting_check.py`` measures.
 
 Noise (``slip``): with that probability a door sticks, the player stays, and the rest of the
 turn's moves are not made (the budget is spent), so noise lowers success without making it zero.

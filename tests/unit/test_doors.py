@@ -11,7 +11,6 @@ from ragen2_core.policy.warmstart import cache_key, expert_episode
 from ragen2_core.rollout.evaluate import random_baseline
 
 
-
 def _reply(actions):
     return f"<think>x</think><answer>{' || '.join(actions)}</answer>"
 
