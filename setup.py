@@ -10,7 +10,7 @@ setup(
     version="0.1.0",
     description="Ray Tune-driven ablation and sweep orchestrator for template collapse in agentic RL",
     packages=find_packages(include=["ragen2_core", "ragen2_core.*"]),
-    package_data={"ragen2_core.policy": ["templates/*.jinja"]},
+    package_data={"ragen2_core.policy": ["templates/*.jinja", "shipped/*/*"]},  # shipped policies: no warm start after a plain install
     python_requires=">=3.10",
     # torch is deliberately unpinned here: scripts/setup.sh installs the CPU build (torch==2.13.0)
     # only when no torch is present, so a user's CUDA build is never replaced.
