@@ -55,13 +55,12 @@ def play(cfg) -> dict:
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens,
                               max_context_tokens=cfg.rollout.max_context_tokens, greedy=False)
+    fmt, seeds = prompt_format(tok, cfg.policy.chat_template), val_seeds(cfg.env)
     t0 = time.time()
-    summary, batch = evaluate(model, tok, make_env, seeds=val_seeds(cfg.env), sampling=sampling,
-                              seed=cfg.train.seed, fmt=prompt_format(tok, cfg.policy.chat_template))
+    summary, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed, fmt=fmt)
     frac = cfg.warmstart.grounded_frac
     taught = ["grounded"] if frac == 1 else ["template"] if frac == 0 else ["grounded", "template"]
-    forced = {style: teacher_forced(model, tok, make_env, val_seeds(cfg.env), style,
-                                    prompt_format(tok, cfg.policy.chat_template)) for style in taught}
+    forced = {style: teacher_forced(model, tok, make_env, seeds, style, fmt) for style in taught}
     template = make_env().template_think
     first_template = [bool(rs) and think_text(rs[0]) == template for rs in batch.responses]
     by_style = {}

@@ -35,13 +35,14 @@ class Oracle(torch.nn.Module):
         return type("Out", (), {"logits": logits})()
 
 
-def _episode_ids(tok, seed, style):
-    ids, replies = [], []
+def _replies(tok, seed, style):
+    """(index of the reply's first token in the episode, reply text, its encoding) per turn."""
+    n, replies = 0, []
     for chunk, reply in expert_episode(DoorsEnv(), seed, style, RAW):
-        ids += tok.encode(chunk, add_special_tokens=False)
-        replies.append((len(ids), reply, tok(reply, add_special_tokens=False, return_offsets_mapping=True)))
-        ids += replies[-1][2]["input_ids"]
-    return ids, replies
+        n += len(tok.encode(chunk, add_special_tokens=False))
+        replies.append((n, reply, tok(reply, add_special_tokens=False, return_offsets_mapping=True)))
+        n += len(replies[-1][2]["input_ids"])
+    return replies
 
 
 def test_a_model_that_is_always_right_scores_one_everywhere():
@@ -55,7 +56,7 @@ def test_a_model_that_is_always_right_scores_one_everywhere():
 
 def test_one_wrong_token_in_the_first_answers_second_move_counts_against_that_move_and_reply_only():
     tok = AutoTokenizer.from_pretrained(TOKENIZER)
-    ids, replies = _episode_ids(tok, 0, "template")
+    replies = _replies(tok, 0, "template")
     base, reply, enc = replies[0]
     second = reply.index(" || ") + len(" || ")  # first character of the second move
     # The token of the first reply whose characters start the second move.
