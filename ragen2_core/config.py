@@ -510,9 +510,16 @@ class WarmStartConfig:
     seed: int = opt(0, "seed for trace generation and shuffling")
     init_from: str = opt("scratch", "start from a new model and tokenizer (scratch), or continue from the default "
                          "embedded policy, its tokenizer and its copying skills (default)", choices=["scratch", "default"])
+    grounded_steps: int = opt(0, "curriculum: first this many steps on grounded traces only (the policy of this recipe "
+                              "with grounded_frac=1 and steps=grounded_steps, cached on its own), then `steps` on the "
+                              "grounded_frac mix from there; 0 = no curriculum", ge=0)
 
     def check(self) -> list[str]:
-        return [] if self.envs else ["envs is empty; list at least one of " + "|".join(ENVS)]
+        errs = [] if self.envs else ["envs is empty; list at least one of " + "|".join(ENVS)]
+        if self.grounded_steps and self.grounded_frac == 1:
+            errs.append(f"grounded_steps={self.grounded_steps} with grounded_frac=1.0: every trace is grounded, so "
+                        "there is no second stage; set grounded_steps=0 (and add the steps to `steps`)")
+        return errs
 
 
 @dataclasses.dataclass

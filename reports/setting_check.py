@@ -6,10 +6,11 @@
 Three policies of the same warm-start recipe, each played once on the same validation seeds with
 sampled decoding (the rollout's temperature), all built first if they are not cached or shipped:
 
-  mixed          the config's own (its grounded_frac): success of episodes whose first turn is
-                 grounded vs those whose first turn is the template sentence
+  mixed          the config's own (its grounded_frac, after its grounded stage if it has one):
+                 success of episodes whose first turn is grounded vs those whose first turn is the
+                 template sentence
   grounded_only  the same recipe on grounded traces only (warmstart.grounded_frac=1)
-  template_only  the same recipe on template traces only (warmstart.grounded_frac=0)
+  template_only  the same recipe on template traces only (warmstart.grounded_frac=0), as many steps
 
 The first comparison says grounded reasoning goes with success; the second that it causes it (the
 maps are the same, only the reasoning taught differs). Intervals: Wilson per proportion, Newcombe's
@@ -35,8 +36,18 @@ from ragen2_core.atomic import write_text_atomic  # noqa: E402
 from ragen2_core.config import ConfigError, load_config  # noqa: E402
 from ragen2_core.report import stats  # noqa: E402
 
-VARIANTS = {"mixed": [], "grounded_only": ["warmstart.grounded_frac=1.0"],
-            "template_only": ["warmstart.grounded_frac=0.0"]}
+VARIANTS = ("mixed", "grounded_only", "template_only")
+
+
+def variant_overrides(cfg) -> dict[str, list[str]]:
+    """The overrides that turn the config's recipe into each policy. The one-style policies get the
+    same number of steps as each other: a curriculum's grounded stage (grounded_steps) when there is
+    one, which makes grounded_only that very stage (the same cached policy), else ``steps``."""
+    w = cfg.warmstart
+    steps = w.grounded_steps or w.steps
+    one_style = ["warmstart.grounded_steps=0", f"warmstart.steps={steps}"]
+    return {"mixed": [], "grounded_only": ["warmstart.grounded_frac=1.0", *one_style],
+            "template_only": ["warmstart.grounded_frac=0.0", *one_style]}
 
 
 def play(cfg) -> dict:
@@ -140,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config", help="base config, e.g. sweeps/base/doors.yaml")
     ap.add_argument("--episodes", type=int, default=300, help="validation seeds played per policy (default 300)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    ap.add_argument("--only", choices=list(VARIANTS), action="append", help="play only these policies")
+    ap.add_argument("--only", choices=VARIANTS, action="append", help="play only these policies")
     ap.add_argument("--out", help="JSON file for the numbers (default reports/out/setting_<config>.json)")
     args = ap.parse_args(argv)
     try:
+        extras = variant_overrides(load_config(args.config, args.overrides))
         cfgs = {name: load_config(args.config, [*args.overrides, *extra, f"env.val_seeds={args.episodes}"])
-                for name, extra in VARIANTS.items() if not args.only or name in args.only}
+                for name, extra in extras.items() if not args.only or name in args.only}
     except ConfigError as e:
         print(e, file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ import random
 import shutil
 import tempfile
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -92,6 +92,8 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
     # so the policies cached before them stay valid.
     if shape["env"]["frozenlake"].get("scratchpad") == "path":
         del shape["env"]["frozenlake"]["scratchpad"]
+    if shape["warmstart"]["grounded_steps"] == 0:
+        del shape["warmstart"]["grounded_steps"]
     # A policy continued from the default one depends on that policy: its key stands in for it.
     if shape["warmstart"].pop("init_from") == "default":
         shape["warmstart"]["init_from"] = default_key()
@@ -107,6 +109,13 @@ def default_configs(cache_dir: str):
 
 def default_key() -> str:
     return cache_key(*default_configs("~/.cache/ragen2"))
+
+
+def grounded_stage(warm_cfg):
+    """The first stage of a curriculum warm start: the same recipe on grounded traces only. A lookup
+    the reasoning needs appears late and as a jump (docs/reproduction.md); in a mixed warm start it sees
+    half the traces and had not appeared by the end, so the steps are learned first, the choice after."""
+    return replace(warm_cfg, grounded_frac=1.0, steps=warm_cfg.grounded_steps, grounded_steps=0)
 
 
 def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
@@ -176,7 +185,8 @@ def supervised_pass(model, data, *, steps: int, batch_size: int, lr: float, seed
 
 def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path | None = None) -> dict:
     """Train the tokenizer, init the model, run the supervised pass, save everything to out_dir. With
-    ``base_dir`` (warmstart.init_from=default) the tokenizer and the starting weights are that policy's."""
+    ``base_dir`` (warmstart.init_from=default, or a curriculum's grounded stage) the tokenizer and the
+    starting weights are that policy's."""
     if base_dir is not None:
         return _continue_embedded(out_dir, warm_cfg, env_cfg, base_dir)
     t0 = time.time()
@@ -219,7 +229,8 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
 
 def _continue_embedded(out_dir: Path, warm_cfg, env_cfg, base_dir: Path) -> dict:
     # A lookup task learned from scratch stays at chance for millions of tokens (REFERENCE.md 9): the
-    # default policy already copies the value after a key, so a new setting starts from it.
+    # default policy already copies the value after a key, so a new setting starts from it (or from
+    # its curriculum's grounded stage, which started from it).
     from ragen2_core.policy.model import load_pretrained
     t0 = time.time()
     model, tok = load_pretrained(str(base_dir))
@@ -253,7 +264,11 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
     if where != "missing" and not rebuild:
         return found
     # The policy continued from is found (or built) first: this build's traces start from it.
-    base = embedded_policy_path(*default_configs(policy_cfg.cache_dir)) if warm_cfg.init_from == "default" else None
+    base = None
+    if warm_cfg.grounded_steps:
+        base = embedded_policy_path(policy_cfg, grounded_stage(warm_cfg), env_cfg)
+    elif warm_cfg.init_from == "default":
+        base = embedded_policy_path(*default_configs(policy_cfg.cache_dir))
     root = Path(os.path.expanduser(policy_cfg.cache_dir))
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"

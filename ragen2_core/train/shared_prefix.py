@@ -13,7 +13,8 @@ loss and gradients do too.
     order = micro_batch_order(lengths, group_ids)     # row order that keeps sharers together
 
 Only positions from the prompt's last token on are computed: the ones before predict prompt tokens,
-which are never trained on (the response mask is 0 there).
+which are never trained on (the response mask is 0 there). The PPO critic goes through the same
+path (its `.logits` are the values, [R, W, 1]): GAE reads values at reply positions only.
 
 With ``logit_chunk > 0`` the model's output head is left out of its forward and the result is a
 `HeadLogits` (hidden states + head weight) that `algo.losses` turns into log-probs and entropies
@@ -26,6 +27,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from transformers import DynamicCache
 
 from ragen2_core.algo.losses import HeadLogits
 from ragen2_core.rollout.engine import cache_kwarg
@@ -124,8 +126,10 @@ def _forward_window(forward, ids: torch.Tensor, attn: torch.Tensor, *, prefix_le
         pre_mask[u, P - len(k):] = 1
     pre_pos = (pre_mask.cumsum(-1) - 1).clamp(min=0)
     arg = cache_arg or _cache_arg(forward)
-    out = forward(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True)
-    cache = out.cache if arg == "cache" else out.past_key_values
+    # The cache is handed in and filled in place: a head that returns no cache (the critic's token
+    # classifier) shares its prompts the same way as a causal LM.
+    cache = DynamicCache()
+    out = forward(input_ids=pre_ids, attention_mask=pre_mask, position_ids=pre_pos, use_cache=True, **{arg: cache})
     last = f32(out.logits[:, -1])                                            # [U, V] predicts token p
     cache.batch_select_indices(owner)                                        # [U] -> [R] rows
 

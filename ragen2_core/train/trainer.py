@@ -75,6 +75,22 @@ def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None 
     return logp, entropy
 
 
+@torch.no_grad()
+def score_values(critic, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
+                 groups: torch.Tensor | None = None) -> torch.Tensor:
+    """The critic's value at each next-token position, [B, T-1] (zero before each row's window and
+    after its end): GAE reads values at reply positions only, so the shared prompts are encoded once."""
+    B, T = t["input_ids"].shape
+    lengths = t["attention_mask"].sum(-1)
+    values = torch.zeros(B, T - 1, device=t["input_ids"].device)
+    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
+        L = int(lengths[rows].max())
+        v, start = forward_window(critic, t["input_ids"][rows, :L], t["attention_mask"][rows, :L],
+                                  prefix_len=None if prefix_len is None else prefix_len[rows])
+        values[rows, :L - 1] = unwindow(v[..., 0], start, L - 1)
+    return values
+
+
 def agree(reason: str | None, world: int) -> str | None:
     """Rank 0's stop decision on every rank (only rank 0 evaluates), so all ranks leave together."""
     if world == 1:
@@ -435,10 +451,7 @@ def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy:
         ref_logp, _ = score_tokens(r.reference.module, t, r.micro, **share, logit_chunk=r.cfg.train.logit_chunk)
     rewards = rewards_with_kl(obj, t["token_rewards"][:, 1:], old_logp, ref_logp, mask)
     if r.critic is not None:
-        with torch.no_grad():
-            old_values = torch.cat([r.critic.module(input_ids=t["input_ids"][rows], attention_mask=t["attention_mask"][rows]
-                                                    ).logits[:, :-1, 0].float()
-                                    for rows in torch.split(torch.arange(len(batch)), r.micro)])
+        old_values = score_values(r.critic.module, t, r.micro, **share)
         advantages, returns = gae_advantages(rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
     else:
         seq_adv = group_advantages(rewards.sum(-1), torch.tensor(batch.group_ids, device=device),
@@ -508,9 +521,11 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                 for k in ("pg", "clipfrac", "clipfrac_lower", "approx_kl"):
                     logs.setdefault({"pg": "actor/pg_loss"}.get(k, f"actor/{k}"), []).append(float(terms[k].detach()))
                 if critic is not None:
-                    values = critic.forward(input_ids=ids, attention_mask=attn).logits[:, :-1, 0].float()
-                    vloss, vstats = value_loss(values, p.old_values[rows, :L - 1], p.returns[rows, :L - 1], m_full,
-                                               clip=algo.value_clip, agg=algo.loss_agg)
+                    v, v_start = forward_window(critic.forward, ids, attn,
+                                                prefix_len=None if p.prefix_len is None else p.prefix_len[rows])
+                    wv = lambda x: window(x, v_start, v.shape[1])  # noqa: E731
+                    vloss, vstats = value_loss(v[..., 0], wv(cut(p.old_values, rows, L)), wv(cut(p.returns, rows, L)),
+                                               wv(m_full), clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * mb_weight)
                     critic.step()
                     logs.setdefault("critic/value_loss", []).append(float(vloss.detach()))

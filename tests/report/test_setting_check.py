@@ -68,3 +68,25 @@ def test_one_wrong_token_in_the_first_answers_second_move_counts_against_that_mo
     assert out["turns"] == n and out["reply_right"] == pytest.approx((n - 1) / n)
     assert out["move_right"]["1"] == 1.0
     assert out["move_right"]["2"] == pytest.approx((n_second - 1) / n_second)
+
+
+def test_one_style_policies_share_the_curriculum_stage_and_its_steps():
+    from ragen2_core.config import load_config
+    from ragen2_core.policy.warmstart import cache_key, grounded_stage
+
+    doors = str(Path(__file__).resolve().parents[2] / "sweeps/base/doors.yaml")
+    cfg = load_config(doors)
+    assert cfg.warmstart.grounded_steps > 0  # the shipped setting is a curriculum
+    variants = {name: load_config(doors, extra) for name, extra in setting_check.variant_overrides(cfg).items()}
+    keys = {name: cache_key(c.policy, c.warmstart, c.env) for name, c in variants.items()}
+    # grounded_only is the mixed policy's first stage (built once, read twice) ...
+    assert keys["grounded_only"] == cache_key(cfg.policy, grounded_stage(cfg.warmstart), cfg.env)
+    assert keys["mixed"] == cache_key(cfg.policy, cfg.warmstart, cfg.env)
+    # ... and template_only gets as many steps on its own traces.
+    g, t = variants["grounded_only"].warmstart, variants["template_only"].warmstart
+    assert (g.grounded_frac, t.grounded_frac) == (1.0, 0.0)
+    assert g.steps == t.steps == cfg.warmstart.grounded_steps and g.grounded_steps == t.grounded_steps == 0
+    # Without a curriculum the three differ in grounded_frac only.
+    plain = load_config(doors, ["warmstart.grounded_steps=0"])
+    assert setting_check.variant_overrides(plain)["template_only"] == [
+        "warmstart.grounded_frac=0.0", "warmstart.grounded_steps=0", f"warmstart.steps={plain.warmstart.steps}"]

@@ -134,6 +134,20 @@ def test_shared_prefix_update_equals_the_plain_update(tmp_path, cache):
                 assert x[k] == pytest.approx(y[k], rel=1e-3, abs=1e-5, nan_ok=True), k
 
 
+def test_shared_prefix_ppo_with_critic_equals_the_plain_update(tmp_path, cache):
+    # GAE: the critic's values (behaviour pass and the update's) go through the shared prompts too.
+    common = ["train.steps=2", "algo.advantage=gae", "algo.ppo_epochs=2", "algo.mini_batches=2",
+              "collapse.every=0"]
+    a, b = MemorySink(), MemorySink()
+    run(cfg_for(tmp_path / "shared", cache, *common, "train.shared_prefix=true"), a)
+    run(cfg_for(tmp_path / "plain", cache, *common, "train.shared_prefix=false"), b)
+    for (_, x), (_, y) in zip(metrics_by_step(a), metrics_by_step(b)):
+        assert math.isfinite(x["critic/value_loss"])
+        for k in x:
+            if k.startswith(("actor/", "critic/", "rollout/")):
+                assert x[k] == pytest.approx(y[k], rel=1e-3, abs=1e-5, nan_ok=True), k
+
+
 def test_critic_warmup_freezes_the_actor_only(tmp_path, cache):
     # A one-step run that is all warm-up: the critic trains (its loss is logged), the exported actor
     # equals its starting point.

@@ -8,7 +8,7 @@ import torch
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
-from ragen2_core.config import load_config
+from ragen2_core.config import ConfigError, load_config
 from ragen2_core.envs.registry import make_env
 from ragen2_core.policy import warmstart
 from ragen2_core.policy.load import load_policy
@@ -120,6 +120,7 @@ def test_scratchpad_enters_the_cache_key_only_when_it_changes_the_traces():
     del shape["policy"]["cache_dir"], shape["policy"]["model"], shape["env"]["frozenlake"]["scratchpad"]
     del shape["policy"]["chat_template"]  # out of the key at auto, for the same reason
     del shape["policy"]["lora"], shape["warmstart"]["init_from"]  # adapters come later; init_from at scratch
+    del shape["warmstart"]["grounded_steps"]  # out of the key at 0 (no curriculum)
     old = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     assert path_key == old
     base.env.frozenlake.scratchpad = "scan"
@@ -162,3 +163,24 @@ def test_shipped_policy_is_found_without_a_build_and_rebuilt_on_request(tmp_path
 
 def _sections(cfg):
     return cfg.policy, cfg.warmstart, cfg.env
+
+
+def test_curriculum_builds_its_grounded_stage_first_and_continues_from_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(warmstart, "TOKENIZER_EPISODES", 10)
+    cfg = tiny_cfg(tmp_path, "warmstart.grounded_steps=2")
+    stage = warmstart.grounded_stage(cfg.warmstart)
+    assert (stage.grounded_frac, stage.steps, stage.grounded_steps) == (1.0, 2, 0)
+    # The stage is the grounded-only policy of the same recipe: one cached policy, one key.
+    grounded_only = tiny_cfg(tmp_path, "warmstart.grounded_frac=1.0", "warmstart.steps=2")
+    assert warmstart.cache_key(cfg.policy, stage, cfg.env) == warmstart.cache_key(*_sections(grounded_only))
+    path = warmstart.embedded_policy_path(*_sections(cfg))
+    stage_path = warmstart.find_policy(cfg.policy, stage, cfg.env)
+    assert stage_path[1] == "cached"
+    meta = json.loads((path / "ragen2_meta.json").read_text())
+    assert meta["init_from"] == stage_path[0].name  # continued from the stage, with its tokenizer
+    assert meta["warmstart"]["steps"] == 3 and meta["warmstart"]["grounded_frac"] == 0.5
+    assert (path / "tokenizer.json").read_bytes() == (stage_path[0] / "tokenizer.json").read_bytes()
+    # 0 keeps the keys of policies cached before the field; any other value names another policy.
+    assert warmstart.cache_key(*_sections(tiny_cfg(tmp_path))) != path.name.split("-")[1]
+    with pytest.raises(ConfigError, match=r"grounded_steps=2 with grounded_frac=1.0: .*set grounded_steps=0"):
+        tiny_cfg(tmp_path, "warmstart.grounded_steps=2", "warmstart.grounded_frac=1.0")

@@ -83,3 +83,27 @@ def test_micro_batch_order_keeps_groups_together():
     assert micro_batch_order(lengths, groups).tolist() == [5, 2, 0, 4, 1, 3]
     # without groups: by length only
     assert micro_batch_order(lengths, None).tolist() == [1, 5, 2, 0, 4, 3]
+
+
+def test_critic_values_equal_the_plain_forward_with_gradients():
+    # The PPO critic is a token classifier (no cache in its output): it is handed one and shares
+    # prompts the same way. Values at trained positions and the value head's gradients must agree.
+    from transformers import Qwen2ForTokenClassification
+    _, ids, attn, prefix, trained = setup()
+    torch.manual_seed(1)
+    critic = Qwen2ForTokenClassification(Qwen2Config(vocab_size=50, hidden_size=32, intermediate_size=64,
+                                                     num_hidden_layers=2, num_attention_heads=4,
+                                                     num_key_value_heads=2, num_labels=1, classifier_dropout=0.0))
+
+    def values_and_grads(prefix_len):
+        critic.zero_grad()
+        v, start = forward_window(critic, ids, attn, prefix_len=prefix_len)
+        assert v.shape[-1] == 1
+        values = unwindow(v[..., 0], start, ids.shape[1] - 1)
+        (values * trained).sum().backward()
+        return values.detach(), torch.cat([p.grad.flatten() for p in critic.parameters()])
+
+    (plain, g_plain), (shared, g_shared) = values_and_grads(None), values_and_grads(prefix)
+    on = trained.bool()
+    torch.testing.assert_close(shared[on], plain[on], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(g_shared, g_plain, atol=1e-5, rtol=1e-4)
