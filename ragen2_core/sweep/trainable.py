@@ -10,8 +10,10 @@ folder, which the driver uploads when the trial ends.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import sys
 from pathlib import Path
 
 from ray import tune
@@ -80,6 +82,31 @@ class TuneSink(SinkContext):
         pass
 
 
+class _NotATerminal:
+    """A stream that also answers `isatty()`. Ray Tune's `log_to_file` replaces sys.stdout/stderr
+    with a Tee that lacks it, and transformers' loading report calls it (it failed every PPO trial:
+    loading the critic reports its new value head)."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def isatty(self) -> bool:
+        return False
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+@contextlib.contextmanager
+def file_like_streams():
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = (s if s is None or hasattr(s, "isatty") else _NotATerminal(s) for s in saved)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def train_trial(config: dict, spec: SweepSpec, trials: dict[str, Trial]) -> None:
     """Tune function trainable: one training run. A restarted trial resumes from its own checkpoints,
     because its output folder is fixed by the trial id and the sweep sets train.resume=true."""
@@ -87,10 +114,11 @@ def train_trial(config: dict, spec: SweepSpec, trials: dict[str, Trial]) -> None
 
     trial = resolve(spec, trials, config)
     cfg = load_config(spec.base_path, trial.overrides)
-    if spec.resources.workers > 1:
-        return train_workers(cfg, spec, trial)
-    sink = TuneSink(Path(cfg.train.output_dir), spec.metric, spec.nan_guard)
-    run(cfg, sink)
+    with file_like_streams():
+        if spec.resources.workers > 1:
+            return train_workers(cfg, spec, trial)
+        sink = TuneSink(Path(cfg.train.output_dir), spec.metric, spec.nan_guard)
+        run(cfg, sink)
 
 
 def worker_loop(loop_config: dict) -> None:
@@ -101,8 +129,9 @@ def worker_loop(loop_config: dict) -> None:
     from ragen2_core.train.trainer import run
 
     cfg = loop_config["cfg"]
-    run(cfg, TuneSink(Path(cfg.train.output_dir), loop_config["metric"], loop_config["nan_guard"],
-                      report=ray.train.report))
+    with file_like_streams():
+        run(cfg, TuneSink(Path(cfg.train.output_dir), loop_config["metric"], loop_config["nan_guard"],
+                          report=ray.train.report))
 
 
 def train_workers(cfg, spec: SweepSpec, trial: Trial) -> None:

@@ -116,8 +116,10 @@ def test_every_ablation_loads():
         text = path.read_text()
         assert text.startswith("#") and "python sweeps/run.py" in text, f"{path.name}: opening comment"
         spec, trials = load_spec(path)
-        # GPU variants keep their CPU twin's file name; their sweep name says gpu so stores never mix them.
-        assert trials and spec.name == ("gpu_" if path.parent.name == "gpu" else "") + path.stem
+        # GPU variants and the FrozenLake study's sweeps keep the file names of the doors study's; their
+        # sweep names carry the folder's prefix so stores never mix them.
+        prefix = {"gpu": "gpu_", "frozenlake_scan": "scan_"}.get(path.parent.name, "")
+        assert trials and spec.name == prefix + path.stem
 
 
 def test_cli_dry_run_prints_the_table(tmp_path):

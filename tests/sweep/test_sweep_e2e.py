@@ -63,7 +63,9 @@ def cache(tmp_path_factory):
 
 
 def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
-    spec = write_spec(tmp_path, "e2e", cache, arms={"a": {}, "kl": {"algo.kl_coef": 0.01},
+    # The ppo arm (GAE, a critic, KL) is a trial whose setup loads a value head, which transformers
+    # reports through sys.stdout; under Tune's log_to_file that stream once lacked isatty().
+    spec = write_spec(tmp_path, "e2e", cache, arms={"a": {}, "ppo": {"algo.kl_coef": 0.01, "algo.advantage": "gae"},
                                                     "broken": {"policy.model": str(tmp_path / "no-such-model")}})
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the default: mlflow.db in the cwd
     first = sweep(tmp_path, spec)
@@ -77,7 +79,7 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     assert parent.info.status == "FAILED" and parent.data.params["spec.fixed.algo.actor_lr"] == "0.001"
     assert {"spec.yaml", "trials.csv", "summary"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
     by_arm = {r.data.tags["ragen2.arm"]: r for r in children}
-    for arm in ("a", "kl"):
+    for arm in ("a", "ppo"):
         run = by_arm[arm]
         tags = run.data.tags
         assert run.info.status == "FINISHED"
@@ -90,7 +92,8 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
         assert [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")] == [1, 2]
         assert [m.step for m in client.get_metric_history(run.info.run_id, "eval/success")] == [2]
         assert {"config.yaml", "policy", "samples"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert by_arm["kl"].data.params["algo.kl_coef"] == "0.01"
+    assert by_arm["ppo"].data.params["algo.kl_coef"] == "0.01" and by_arm["ppo"].data.params["algo.advantage"] == "gae"
+    assert len(client.get_metric_history(by_arm["ppo"].info.run_id, "critic/value_loss")) == 2
     broken = by_arm["broken"]
     assert broken.info.status == "FAILED"
     error = client.download_artifacts(broken.info.run_id, "error.txt", str(tmp_path))
@@ -123,7 +126,7 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
 
     # --resume with a name continues that instance (not the latest): finished trials are not rerun,
     # no run is duplicated; the broken one is retried and fails again
-    done = {arm: Path(by_arm[arm].data.tags["ragen2.output_dir"]) / "result.json" for arm in ("a", "kl")}
+    done = {arm: Path(by_arm[arm].data.tags["ragen2.output_dir"]) / "result.json" for arm in ("a", "ppo")}
     stamps = {arm: p.stat().st_mtime_ns for arm, p in done.items()}
     resumed = sweep(tmp_path, spec, "--resume", first_id, "--no-report")
     assert resumed.returncode == 1, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -132,7 +135,7 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     _, parents3, children3 = runs_of(uri, "e2e")
     assert sorted(p.info.run_id for p in parents3) == sorted(p.info.run_id for p in parents2)
     assert sorted(r.info.run_id for r in children3) == sorted(r.info.run_id for r in children2)
-    for arm in ("a", "kl"):
+    for arm in ("a", "ppo"):
         assert len(client.get_metric_history(by_arm[arm].info.run_id, "rollout/success")) == 2
 
     # an instance that does not exist: refused, nothing started, the instances listed
