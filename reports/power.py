@@ -1,13 +1,13 @@
 """Power plan of a study from its no-filter pilots: how many seeds and validation episodes it takes
 to see a given difference in final success between two arms.
 
-    python reports/power.py doors_pilots [--instance ID] [--tracking-uri URI]
+    python reports/power.py doors_pilot_learning [--instance ID] [--tracking-uri URI] [--at-step 40]
                             [--episodes 300] [--seeds 10] [--mde 0.05] [--alpha 0.05] [--power 0.8]
 
-Per pilot cell (arm and settings; seeds pooled): the mean and SD over seeds of the final
-`eval/success`, split into the spread between seeds and the binomial noise of the pilot's own
-validation size, then the per-trial SD at the planned validation size (`--episodes`), its 80 %
-upper confidence bound (an SD from a few pilot seeds is itself uncertain), the minimum detectable
+Per pilot cell (arm and settings; seeds pooled): the mean and SD over seeds of `eval/success` at
+the last validation (or at `--at-step`, when the study is to be shorter than the pilot), the
+per-trial SD at the planned validation size (`--episodes`; see `plan_row`), its 80 % upper
+confidence bound (an SD from a few pilot seeds is itself uncertain), the minimum detectable
 difference (two-sided t-test at `--alpha`, `--power`) at the planned seeds per arm, and the seeds per
 arm that bring it to `--mde`, for the point estimate and for the upper bound. Markdown on stdout.
 """
@@ -28,18 +28,37 @@ from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 def plan_row(finals: list[float], pilot_episodes: int, *, episodes: int, seeds: int, mde: float,
              alpha: float, power: float) -> dict:
-    """The plan for one cell from its trials' final success rates (pure: no MLflow)."""
+    """The plan for one cell from its trials' success rates (pure: no MLflow).
+
+    Every trial validates on the same fixed seeds, so the pilot's spread between trials already holds
+    the validation noise that a comparison on those seeds meets (less than the binomial p (1 - p) / n
+    of fresh episodes: the same hard houses are lost in every trial). At the pilot's validation size
+    that spread is the planned trial SD. At another size the spread is split into a part between seeds
+    and binomial noise, which is only approximate (`approximate` is then true)."""
     n, p = len(finals), statistics.fmean(finals)
-    sd = statistics.stdev(finals) if n > 1 else float("nan")
-    between = stats.seed_sd(sd, p, pilot_episodes) if n > 1 else float("nan")
-    planned = stats.trial_sd(between, p, episodes) if n > 1 else float("nan")
-    upper = stats.trial_sd(stats.sd_upper(between, n), p, episodes) if n > 1 else float("nan")
-    row = {"n": n, "mean": p, "sd": sd, "seed_sd": between, "trial_sd": planned, "trial_sd_upper": upper}
-    for name, s in (("", planned), ("_upper", upper)):
-        ok = n > 1 and s == s
-        row["mde" + name] = stats.min_detectable_difference(s, seeds, alpha=alpha, power=power, t=True) if ok else None
-        row["seeds_needed" + name] = stats.seeds_needed(s, mde, alpha=alpha, power=power) if ok else None
+    row = {"n": n, "mean": p, "approximate": episodes != pilot_episodes}
+    if n < 2:
+        return row | {k: None for k in ("sd", "trial_sd", "trial_sd_upper", "mde", "seeds_needed",
+                                        "mde_upper", "seeds_needed_upper")}
+    sd = statistics.stdev(finals)
+    upper = stats.sd_upper(sd, n)
+    if episodes == pilot_episodes:
+        planned, planned_upper = sd, upper
+    else:
+        planned = stats.trial_sd(stats.seed_sd(sd, p, pilot_episodes), p, episodes)
+        planned_upper = stats.trial_sd(stats.seed_sd(upper, p, pilot_episodes), p, episodes)
+    row |= {"sd": sd, "trial_sd": planned, "trial_sd_upper": planned_upper}
+    for name, s in (("", planned), ("_upper", planned_upper)):
+        row["mde" + name] = stats.min_detectable_difference(s, seeds, alpha=alpha, power=power, t=True)
+        row["seeds_needed" + name] = stats.seeds_needed(s, mde, alpha=alpha, power=power)
     return row
+
+
+def at_step(trial, step: int | None):
+    """Success at the trial's last validation, or at ``step`` (None when it was not validated then)."""
+    if step is None:
+        return trial.final(SUCCESS)
+    return dict(zip(*trial.curve(SUCCESS))).get(step)
 
 
 def _pts(x) -> str:
@@ -51,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("experiment", help="the pilot sweep (MLflow experiment)")
     ap.add_argument("--instance", help="sweep instance (default: the latest)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    ap.add_argument("--at-step", type=int, help="read success at this step (default: each trial's last validation)")
     ap.add_argument("--episodes", type=int, default=300, help="planned validation episodes per trial")
     ap.add_argument("--seeds", type=int, default=10, help="planned seeds per arm")
     ap.add_argument("--mde", type=float, default=0.05, help="target minimum detectable difference (0.05 = 5 points)")
@@ -69,12 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     except UnknownExperiment as e:
         print(e, file=sys.stderr)
         return 2
-    print(f"Power plan from `{args.experiment}` (final `{SUCCESS}`): {args.seeds} seeds per arm, "
+    when = f"at step {args.at_step}" if args.at_step else "at the last validation"
+    print(f"Power plan from `{args.experiment}` (`{SUCCESS}` {when}): {args.seeds} seeds per arm, "
           f"{args.episodes} validation episodes per trial, two-sided t-test at {args.alpha}, power {args.power}; "
           f"target difference {100 * args.mde:.1f} points. SDs and differences in points.\n")
-    print("| arm | settings | pilot trials | pilot episodes | mean | SD | seed SD | trial SD at plan "
+    print("| arm | settings | pilot trials | pilot episodes | mean | SD | trial SD at plan "
           "(80 % upper) | MDE at plan (upper) | seeds for the target (upper) |")
-    print("|" + " --- |" * 10)
+    print("|" + " --- |" * 9)
     for arm in sweep.arms:
         for cond in sweep.conditions or ["all"]:
             trials = [t for t in sweep.cell(arm, cond) if usable(t, False)]
@@ -85,10 +106,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{arm} {cond}: trials disagree on env.val_seeds ({pilot_eps}); skipped", file=sys.stderr)
                 continue
             eps = pilot_eps.pop()
-            r = plan_row([t.final(SUCCESS) for t in trials], eps, episodes=args.episodes, seeds=args.seeds,
+            values = [at_step(t, args.at_step) for t in trials]
+            values = [v for v in values if v is not None]
+            if not values:
+                print(f"{arm} {cond}: no validation at step {args.at_step}; skipped", file=sys.stderr)
+                continue
+            r = plan_row(values, eps, episodes=args.episodes, seeds=args.seeds,
                          mde=args.mde, alpha=args.alpha, power=args.power)
-            print(f"| {arm} | {cond} | {r['n']} | {eps} | {_pts(r['mean'])} | {_pts(r['sd'])} | {_pts(r['seed_sd'])} | "
-                  f"{_pts(r['trial_sd'])} ({_pts(r['trial_sd_upper'])}) | {_pts(r['mde'])} ({_pts(r['mde_upper'])}) | "
+            mark = " (approx.)" if r["approximate"] else ""
+            print(f"| {arm} | {cond} | {r['n']} | {eps} | {_pts(r['mean'])} | {_pts(r['sd'])} | "
+                  f"{_pts(r['trial_sd'])} ({_pts(r['trial_sd_upper'])}){mark} | {_pts(r['mde'])} ({_pts(r['mde_upper'])}) | "
                   f"{r['seeds_needed'] or stats.DASH} ({r['seeds_needed_upper'] or stats.DASH}) |")
     return 0
 

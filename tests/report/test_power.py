@@ -1,5 +1,4 @@
 """reports/power.py's plan from pilot finals, with the numbers derived by hand."""
-import math
 import sys
 from pathlib import Path
 
@@ -9,21 +8,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reports"))
 import power  # noqa: E402
 
 
-def test_plan_row_splits_seed_spread_from_validation_noise():
-    # finals 0.5, 0.6, 0.7, 0.6: mean 0.6, SD sqrt(0.02 / 3) = 0.081650. The pilot validated on 100
-    # episodes, binomial variance 0.24 / 100 = 0.0024, so the seed part is sqrt(0.0066667 - 0.0024)
-    # = 0.065320; at 300 episodes the trial SD is sqrt(0.0042667 + 0.0008) = 0.071181.
-    r = power.plan_row([0.5, 0.6, 0.7, 0.6], 100, episodes=300, seeds=10, mde=0.05, alpha=0.05, power=0.8)
-    assert (r["n"], r["mean"]) == (4, pytest.approx(0.6))
-    assert r["sd"] == pytest.approx(0.081650, abs=1e-6)
-    assert r["seed_sd"] == pytest.approx(0.065320, abs=1e-6)
-    assert r["trial_sd"] == pytest.approx(0.071181, abs=1e-6)
-    # 10 seeds per arm, t on 18 df: (2.10092 + 0.86204) * 0.071181 * sqrt(0.2) = 0.094320
-    assert r["mde"] == pytest.approx(0.094320, abs=1e-5)
-    # The upper bound inflates the seed part by sqrt(3 / chi2_.20(3)) = sqrt(3 / 1.00517) = 1.72759:
-    # sqrt((0.065320 * 1.72759)^2 + 0.0008) = 0.116336.
-    assert r["trial_sd_upper"] == pytest.approx(0.116336, abs=1e-5)
+def test_plan_row_on_the_pilots_own_validation_set_uses_its_spread():
+    # finals 0.5, 0.6, 0.7, 0.6 on the same 300 fixed seeds: mean 0.6, SD sqrt(0.02 / 3) = 0.081650,
+    # which is the planned trial SD. 10 seeds per arm, t on 18 df: (2.10092 + 0.86204) * 0.081650
+    # * sqrt(0.2) = 0.108193. Upper bound: 0.081650 * sqrt(3 / chi2_.20(3)) = 0.081650 * sqrt(3 / 1.00517)
+    # = 0.141057.
+    r = power.plan_row([0.5, 0.6, 0.7, 0.6], 300, episodes=300, seeds=10, mde=0.05, alpha=0.05, power=0.8)
+    assert (r["n"], r["mean"], r["approximate"]) == (4, pytest.approx(0.6), False)
+    assert r["sd"] == r["trial_sd"] == pytest.approx(0.081650, abs=1e-6)
+    assert r["mde"] == pytest.approx(0.108193, abs=1e-5)
+    assert r["trial_sd_upper"] == pytest.approx(0.141057, abs=1e-5)
     assert r["seeds_needed"] > 10 and r["seeds_needed_upper"] > r["seeds_needed"]
+
+
+def test_plan_row_at_another_validation_size_splits_off_binomial_noise():
+    # The same finals from a pilot that validated on 100 episodes, planned at 300: binomial variance
+    # 0.24 / 100 = 0.0024 comes off, 0.24 / 300 = 0.0008 goes on: sqrt(0.0066667 - 0.0024 + 0.0008)
+    # = 0.071181. Upper: sqrt(0.141057^2 - 0.0024 + 0.0008) = sqrt(0.019897 - 0.0016) = 0.135267.
+    r = power.plan_row([0.5, 0.6, 0.7, 0.6], 100, episodes=300, seeds=10, mde=0.05, alpha=0.05, power=0.8)
+    assert r["approximate"]
+    assert r["trial_sd"] == pytest.approx(0.071181, abs=1e-6)
+    assert r["trial_sd_upper"] == pytest.approx(0.135267, abs=1e-5)
 
 
 def test_plan_row_edges():
@@ -32,7 +37,7 @@ def test_plan_row_edges():
     assert r["trial_sd"] == 0.0 and r["mde"] == 0.0 and r["seeds_needed"] == 2
     # One pilot seed: no SD, no plan (never a made-up number).
     one = power.plan_row([0.6], 100, episodes=300, seeds=10, mde=0.05, alpha=0.05, power=0.8)
-    assert math.isnan(one["sd"]) and one["mde"] is None and one["seeds_needed"] is None
+    assert one["sd"] is None and one["mde"] is None and one["seeds_needed"] is None
 
 
 def test_bad_arguments_exit_2_before_reading_anything(capsys, tmp_path):
