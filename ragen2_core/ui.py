@@ -15,6 +15,8 @@ import sys
 import time
 import urllib.request
 
+START_TIMEOUT_S = 300
+
 
 def runs_page(port: int, experiment_id: str | None) -> str:
     base = f"http://127.0.0.1:{port}"
@@ -47,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri,
                              "--host", "127.0.0.1", "--port", str(args.port)], start_new_session=True)
     try:
-        for _ in range(120):  # wait until it answers before printing an address that works
+        # Wait until it answers before printing an address: on a busy machine its workers take minutes.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
             if proc.poll() is not None:
                 print(f"ui: mlflow ui exited with status {proc.returncode} (is port {args.port} taken? "
                       "try --port 5001)", file=sys.stderr)
@@ -56,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=1)
                 break
             except OSError:
+                if time.monotonic() > deadline:
+                    print(f"ui: mlflow ui did not answer on port {args.port} within {START_TIMEOUT_S} s; "
+                          "stopped it (a loaded machine? try again)", file=sys.stderr)
+                    return 1
                 time.sleep(0.5)
         print(f"MLflow UI for {uri}\n  open: {runs_page(args.port, experiment_id)}\n  Ctrl-C stops it", flush=True)
         proc.wait()

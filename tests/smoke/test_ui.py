@@ -8,6 +8,8 @@ import urllib.request
 
 from mlflow.tracking import MlflowClient
 
+from ragen2_core.ui import START_TIMEOUT_S
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -23,7 +25,7 @@ def test_ui_prints_the_runs_page_and_stops_cleanly(tmp_path):
                              "--experiment", "demo"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = ""
-        deadline = time.time() + 120
+        deadline = time.time() + START_TIMEOUT_S + 60  # the command gives up on its own before this
         while "open:" not in line and time.time() < deadline:
             line = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}/#/experiments/{exp_id}/runs" in line
