@@ -1,6 +1,6 @@
-"""The policies kept in the repository: every trial of the demo's and the study's sweeps needs the
-policy of its base config, found in ragen2_core/policy/shipped/ by the cache key, so a fresh clone
-needs no warm start; the files are real (not Git LFS pointers) and small.
+"""The policies kept in the repository: every trial of the demo's and the doors study's sweeps (and
+its pilots) needs the policy of its base config, found in ragen2_core/policy/shipped/ by the cache
+key, so a fresh clone needs no warm start; the files are real (not Git LFS pointers) and small.
 
 A failure here after a change to a config, the env text or the trace format means the shipped
 policies are stale: rebuild and ship them (README, "Shipped policies"). A policy not shipped at all
@@ -18,7 +18,8 @@ from ragen2_core.sweep.trials import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS = {"frozenlake_tiny": ["smoke"],
-         "frozenlake_scan": ["kl_vs_filter", "entropy_vs_filter", "filter_strength", "env_noise", "annealing"]}
+         "doors": ["kl_vs_filter", "entropy_vs_filter", "filter_strength", "env_noise", "annealing",
+                   "pilots/doors_pilot_learning", "pilots/doors_pilot_ppo", "pilots/doors_pilot_regularisers"]}
 LIMIT_BYTES = 10 * 2**20
 
 
