@@ -77,10 +77,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--power", type=float, default=0.8)
     args = ap.parse_args(argv)
-    bad = [f"--episodes {args.episodes}: must be >= 1" for _ in [0] if args.episodes < 1]
-    bad += [f"--seeds {args.seeds}: must be >= 2 (an SD needs two)" for _ in [0] if args.seeds < 2]
-    bad += [f"--{k} {v}: must be in (0, 1)" for k, v in (("mde", args.mde), ("alpha", args.alpha),
-                                                          ("power", args.power)) if not 0 < v < 1]
+    bad = [f"--{k} {v}: must be in (0, 1)" for k, v in (("mde", args.mde), ("alpha", args.alpha),
+                                                         ("power", args.power)) if not 0 < v < 1]
+    if args.episodes < 1:
+        bad.append(f"--episodes {args.episodes}: must be >= 1")
+    if args.seeds < 2:
+        bad.append(f"--seeds {args.seeds}: must be >= 2 (a t-test needs two per arm)")
+    if args.at_step is not None and args.at_step < 1:
+        bad.append(f"--at-step {args.at_step}: must be a validated step, >= 1")
     if bad:
         print("\n".join(bad), file=sys.stderr)
         return 2
