@@ -18,9 +18,9 @@ from ragen2_core.sweep.trials import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 USERS = {"frozenlake_tiny": ["smoke"],
-         "doors": ["filter_vs_nofilter", "kl_vs_filter", "entropy_vs_filter", "filter_strength", "env_noise",
-                   "annealing", "pilots/doors_pilot_learning", "pilots/doors_pilot_ppo",
-                   "pilots/doors_pilot_regularisers", "pilots/doors_pilot_entropy"]}
+         "doors": ["filter_vs_nofilter", "filter_vs_nofilter_ppo", "kl_vs_filter", "entropy_vs_filter",
+                   "filter_strength", "env_noise", "annealing", "pilots/doors_pilot_learning",
+                   "pilots/doors_pilot_ppo", "pilots/doors_pilot_regularisers", "pilots/doors_pilot_entropy"]}
 LIMIT_BYTES = 10 * 2**20
 
 
