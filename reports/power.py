@@ -62,7 +62,7 @@ def at_step(trial, step: int | None):
 
 
 def _pts(x) -> str:
-    return stats.DASH if x is None or x != x else f"{100 * x:.1f}"
+    return stats.DASH if x is None else f"{100 * x:.1f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,21 +52,27 @@ def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Gene
     return np.random.default_rng([seed, step, stream, rank])
 
 
+def scoring_chunks(t: dict, micro: int, prefix_len: torch.Tensor | None, groups: torch.Tensor | None):
+    """Row chunks of a scoring pass: in length order (group by group when sharing), each cut to its
+    longest row. Yields (rows, ids [R, L], attn [R, L], the rows' prefix_len or None)."""
+    lengths = t["attention_mask"].sum(-1)
+    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
+        L = int(lengths[rows].max())
+        yield (rows, t["input_ids"][rows, :L], t["attention_mask"][rows, :L],
+               None if prefix_len is None else prefix_len[rows])
+
+
 @torch.no_grad()
 def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
                  groups: torch.Tensor | None = None, logit_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
-    past a row's end, and before the last prompt token when ``prefix_len`` shares prompts). Rows go
-    in length order (group by group when sharing), each chunk cut to its longest row."""
+    past a row's end, and before the last prompt token when ``prefix_len`` shares prompts)."""
     B, T = t["input_ids"].shape
-    lengths = t["attention_mask"].sum(-1)
     device = t["input_ids"].device
     logp, entropy = torch.zeros(B, T - 1, device=device), torch.zeros(B, T - 1, device=device)
-    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
-        L = int(lengths[rows].max())
-        ids, attn = t["input_ids"][rows, :L], t["attention_mask"][rows, :L]
-        logits, start = forward_window(model, ids, attn, prefix_len=None if prefix_len is None else prefix_len[rows],
-                                       logit_chunk=logit_chunk)
+    for rows, ids, attn, prefix in scoring_chunks(t, micro, prefix_len, groups):
+        L = ids.shape[1]
+        logits, start = forward_window(model, ids, attn, prefix_len=prefix, logit_chunk=logit_chunk)
         w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
         real = w(attn[:, 1:].float())
         lp, ent = logp_entropy(logits, w(ids[:, 1:]))
@@ -81,13 +87,10 @@ def score_values(critic, t: dict, micro: int, *, prefix_len: torch.Tensor | None
     """The critic's value at each next-token position, [B, T-1] (zero before each row's window and
     after its end): GAE reads values at reply positions only, so the shared prompts are encoded once."""
     B, T = t["input_ids"].shape
-    lengths = t["attention_mask"].sum(-1)
     values = torch.zeros(B, T - 1, device=t["input_ids"].device)
-    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
-        L = int(lengths[rows].max())
-        v, start = forward_window(critic, t["input_ids"][rows, :L], t["attention_mask"][rows, :L],
-                                  prefix_len=None if prefix_len is None else prefix_len[rows])
-        values[rows, :L - 1] = unwindow(v[..., 0], start, L - 1)
+    for rows, ids, attn, prefix in scoring_chunks(t, micro, prefix_len, groups):
+        v, start = forward_window(critic, ids, attn, prefix_len=prefix)
+        values[rows, :ids.shape[1] - 1] = unwindow(v[..., 0], start, ids.shape[1] - 1)
     return values
 
 
