@@ -13,12 +13,21 @@ from pathlib import Path
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
+    _write_atomic(path, text, "w")
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    _write_atomic(path, data, "wb")
+
+
+def _write_atomic(path: str | Path, content, mode: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
         os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w", newline="") as f:  # the text goes out exactly as given
-            f.write(text)
+        # newline="": text goes out exactly as given (binary mode takes no newline argument)
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"newline": ""})) as f:
+            f.write(content)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

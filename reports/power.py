@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report import stats  # noqa: E402
 from ragen2_core.report.analysis import SUCCESS, usable  # noqa: E402
-from ragen2_core.report.collect import UnknownExperiment, collect, parse_value  # noqa: E402
+from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
+from ragen2_core.report.collect import UnknownExperiment, parse_value  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 
@@ -67,7 +68,7 @@ def _pts(x) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("experiment", help="the pilot sweep (MLflow experiment)")
+    ap.add_argument("experiment", help="the pilot sweep (MLflow experiment, or its archive *.json.gz)")
     ap.add_argument("--instance", help="sweep instance (default: the latest)")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     ap.add_argument("--at-step", type=int, help="read success at this step (default: each trial's last validation)")
@@ -89,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(bad), file=sys.stderr)
         return 2
     try:
-        sweep = collect(args.tracking_uri or default_tracking_uri(), args.experiment, instance=args.instance)
-    except UnknownExperiment as e:
+        sweep = open_sweep(args.experiment, args.tracking_uri or default_tracking_uri(), instance=args.instance)
+    except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     when = f"at step {args.at_step}" if args.at_step else "at the last validation"

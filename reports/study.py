@@ -2,6 +2,7 @@
 
     python reports/study.py --tracking-uri sqlite:///mlflow.db \
         kl_vs_filter entropy_vs_filter filter_strength env_noise annealing > reports/out/study.md
+    python reports/study.py docs/data/doors/*.json.gz     # from sweep archives (reports/archive.py)
 
 Per sweep and cell: final validation success, and how each diagnostic moved from the first quarter
 of its logged values to the last quarter (each trial's own change, then the mean over seeds with a
@@ -20,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report import stats  # noqa: E402
 from ragen2_core.report.analysis import SUCCESS, predictors_of, usable  # noqa: E402
-from ragen2_core.report.collect import collect  # noqa: E402
+from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
+from ragen2_core.report.collect import UnknownExperiment  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore_ema", "actor/entropy",
@@ -65,15 +67,19 @@ def pooled_predictors(sweeps) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments)")
+    parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments) or archives (*.json.gz)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
-    sweeps = [collect(uri, name) for name in args.experiments]
+    try:
+        sweeps = [open_sweep(name, uri) for name in args.experiments]
+    except (UnknownExperiment, BadArchive) as e:
+        print(e, file=sys.stderr)
+        return 2
     out = []
     for sweep in sweeps:
         out += [f"### {sweep.experiment}", "", *cell_rows(sweep), ""]
-    out += ["### pooled over " + ", ".join(args.experiments), "", *pooled_predictors(sweeps), ""]
+    out += ["### pooled over " + ", ".join(s.experiment for s in sweeps), "", *pooled_predictors(sweeps), ""]
     print("\n".join(out))
     return 0
 

@@ -3,6 +3,7 @@
     ragen2 report --experiment kl_vs_filter [--instance ID] [--tracking-uri URI] [--out reports/out/kl_vs_filter.pdf]
                   [--baseline nofilter] [--include-running] [--png-dir docs/figures]
     python reports/build.py --experiment kl_vs_filter                  # the same
+    ragen2 report --archive docs/data/doors/filter_vs_nofilter.json.gz # from a saved sweep (report/archive.py)
 
     from ragen2_core.report.build import build_report, build
     pdf = build_report(tracking_uri, "kl_vs_filter", "reports/out/kl_vs_filter.pdf")   # -> Path
@@ -33,7 +34,8 @@ from matplotlib.backends.backend_pdf import PdfPages
 from ragen2_core.atomic import write_text_atomic
 from ragen2_core.report import figures
 from ragen2_core.report.analysis import SUCCESS, analyse, usable
-from ragen2_core.report.collect import Sweep, UnknownExperiment, collect, eval_samples, first_thinks
+from ragen2_core.report.archive import BadArchive, open_sweep
+from ragen2_core.report.collect import Sweep, UnknownExperiment, eval_samples, first_thinks
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
@@ -168,10 +170,12 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
           include_running: bool = False, png_dir: str | Path | None = None,
           instance: Optional[str] = None) -> tuple[Path, dict]:
     """Collect, analyse, draw; returns the PDF path and the summary written beside it as JSON.
+    ``experiment`` is an MLflow experiment or a sweep archive (``*.json.gz``, report/archive.py).
     With ``png_dir`` every page is also saved there as a small PNG (``<experiment>-pNN.png``), for
     documents that show a report's figures."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    sweep = collect(tracking_uri, experiment, instance=instance)
+    sweep = open_sweep(experiment, tracking_uri, instance=instance)
+    experiment = sweep.experiment
     if baseline is None and "nofilter" in sweep.arms:
         baseline = "nofilter"
     if baseline is not None and baseline not in sweep.arms:
@@ -222,7 +226,9 @@ def build_report(tracking_uri: str, experiment: str, out_path: str | Path, insta
 # ----------------------------------------------------------------------------- command line
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--experiment", required=True, help="MLflow experiment of the sweep (its spec name)")
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--experiment", help="MLflow experiment of the sweep (its spec name)")
+    which.add_argument("--archive", help="a sweep archive (*.json.gz, python reports/archive.py) instead of a store")
     parser.add_argument("--instance", help="sweep instance to report, e.g. 2026-12-03_20-05-11 (default: the latest)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--out", help="PDF path (default: reports/out/<experiment>.pdf)")
@@ -268,15 +274,21 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
     uri = args.tracking_uri or default_tracking_uri()
-    out = args.out or f"reports/out/{args.experiment}.pdf"
-    problem = store_problem(uri)
+    if args.archive is not None and not args.archive.endswith(".json.gz"):
+        print(f"report: --archive {args.archive!r} is not a sweep archive (*.json.gz); write one with "
+              "`python reports/archive.py EXPERIMENT --out DIR`", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    ref = args.archive or args.experiment
+    name = Path(ref).name[:-len(".json.gz")] if args.archive else ref
+    out = args.out or f"reports/out/{name}.pdf"
+    problem = None if args.archive else store_problem(uri)
     if problem:  # checked before MLflow opens it: opening a missing store creates an empty one
         print(f"report: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
-        pdf, summary = build(uri, args.experiment, out, args.baseline, args.include_running, args.png_dir,
+        pdf, summary = build(uri, ref, out, args.baseline, args.include_running, args.png_dir,
                              instance=args.instance)
-    except (UnknownExperiment, ValueError) as err:
+    except (UnknownExperiment, BadArchive, ValueError) as err:
         print(f"report: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     best = [r for r in summary["table"] if r["best"]]

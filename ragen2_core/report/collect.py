@@ -86,6 +86,7 @@ class Sweep:
     expected: list[dict]              # trial_id, arm, condition, seed of every planned trial
     axes: list[str]                   # numeric or categorical keys the sweep varied (besides arms)
     notes: list[str] = field(default_factory=list)
+    samples: Optional[dict] = None    # run_id -> eval_samples(); held only by a sweep read from an archive
 
     @property
     def arms(self) -> list[str]:
@@ -285,6 +286,8 @@ def axis_value(trial: Trial, key: str):
 
 def eval_samples(sweep: Sweep, trial: Trial) -> dict[int, str]:
     """step -> text of `samples/eval_stepNNNNNN.txt` for one trial (empty when none were logged)."""
+    if sweep.samples is not None:  # read from an archive (report/archive.py)
+        return dict(sorted(sweep.samples.get(trial.run_id, {}).items()))
     client = MlflowClient(sweep.tracking_uri)
     try:
         files = [a.path for a in client.list_artifacts(trial.run_id, "samples") if not a.is_dir]

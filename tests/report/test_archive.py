@@ -1,0 +1,89 @@
+"""Sweep archives (report/archive.py): a made-up sweep in a real sqlite MLflow store, saved with
+reports/archive.py, read back, and reported from the file alone (TEST DATA, see sweep_fixture.py)."""
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from sweep_fixture import EXPERIMENT, write_sweep
+from ragen2_core.report.archive import BadArchive, load, open_sweep
+from ragen2_core.report.build import build, main as report_main
+from ragen2_core.report.collect import UnknownExperiment, collect, eval_samples
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def script(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "reports" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("archive")
+    uri = write_sweep(root, failed=("filter", 0.01, 2))
+    assert script("archive").main([EXPERIMENT, "--out", str(root / "data"), "--tracking-uri", uri]) == 0
+    return uri, root / "data" / f"{EXPERIMENT}.json.gz"
+
+
+def test_round_trip_holds_what_the_store_holds(saved):
+    uri, path = saved
+    store, back = collect(uri, EXPERIMENT), load(path)
+    assert len(back.trials) == len(store.trials) == 12
+    by_id = {t.run_id: t for t in back.trials}
+    for t in store.trials:
+        b = by_id[t.run_id]
+        assert (b.arm, b.condition, b.seed, b.status, b.params, b.tags) == (t.arm, t.condition, t.seed, t.status, t.params, t.tags)
+        assert b.history == t.history and b.final("eval/success") == t.final("eval/success")
+        assert eval_samples(back, b) == eval_samples(store, t)  # from the file, not the store
+    # the failed trial's late samples file was never logged: one step, the same in both
+    failed = next(t for t in back.trials if t.status == "FAILED")
+    assert sorted(eval_samples(back, failed)) == [10]
+    assert (back.expected, back.spec, back.axes) == (store.expected, store.spec, store.axes)
+    assert back.notes[:-1] == store.notes and "archive" in back.notes[-1]
+
+
+def test_saving_twice_gives_the_same_bytes(saved, tmp_path):
+    uri, path = saved
+    assert script("archive").main([EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", uri]) == 0
+    assert (tmp_path / path.name).read_bytes() == path.read_bytes()
+
+
+def test_report_from_archive_equals_report_from_store(saved, tmp_path):
+    uri, path = saved
+    _, from_store = build(uri, EXPERIMENT, tmp_path / "store.pdf")
+    assert report_main(["--archive", str(path), "--out", str(tmp_path / "file.pdf")]) == 0
+    from_file = json.loads((tmp_path / "file.json").read_text())
+    assert from_file["experiment"] == EXPERIMENT
+    for key in ("table", "comparisons", "predictors", "trials", "probability_of_improvement"):
+        assert from_file[key] == json.loads(json.dumps(from_store[key])), key
+
+
+def test_study_and_power_read_archives(saved, capsys):
+    uri, path = saved
+    assert script("study").main(["--tracking-uri", uri, EXPERIMENT]) == 0
+    from_store = capsys.readouterr().out
+    assert script("study").main([str(path)]) == 0
+    assert capsys.readouterr().out == from_store
+
+
+def test_bad_archives_are_named(tmp_path):
+    with pytest.raises(UnknownExperiment, match="no sweep archive"):
+        open_sweep(str(tmp_path / "missing.json.gz"), "sqlite:///unused.db")
+    (tmp_path / "junk.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(BadArchive, match="not a gzipped JSON"):
+        load(tmp_path / "junk.json.gz")
+    (tmp_path / "other.json.gz").write_bytes(gzip.compress(b'{"a": 1}'))
+    with pytest.raises(BadArchive, match="not a ragen2 sweep archive"):
+        load(tmp_path / "other.json.gz")
+    (tmp_path / "future.json.gz").write_bytes(gzip.compress(b'{"kind": "ragen2 sweep archive", "format": 99}'))
+    with pytest.raises(BadArchive, match="format 99"):
+        load(tmp_path / "future.json.gz")
+    with pytest.raises(ValueError, match="--instance"):
+        open_sweep(str(tmp_path / "future.json.gz"), "sqlite:///unused.db", instance="x")
+    assert report_main(["--archive", str(tmp_path / "junk.json.gz")]) == 2
+    assert report_main(["--archive", str(tmp_path / "plain.json")]) == 2
