@@ -3,10 +3,18 @@
     python reports/study.py --tracking-uri sqlite:///mlflow.db \
         kl_vs_filter entropy_vs_filter filter_strength env_noise annealing > reports/out/study.md
     python reports/study.py docs/data/doors/*.json.gz     # from sweep archives (reports/archive.py)
+    python reports/study.py --reference filter_vs_nofilter filter_vs_nofilter kl_vs_filter annealing
 
 Per sweep and cell: final validation success, and how each diagnostic moved from the first quarter
 of its logged values to the last quarter (each trial's own change, then the mean over seeds with a
 95 % bootstrap interval).
+Then the comparisons: in each sweep, every arm against the baseline arm (default `nofilter`) under
+the same condition, the filter's effect; with `--reference SWEEP` (the sweep holding the default
+cells, e.g. filter_vs_nofilter), also every cell against the reference's cell of the same arm, the
+condition's effect, and arms of sweeps without a baseline against the reference's baseline. Per
+comparison: the difference in final success with its bootstrap interval and permutation p, the
+minimum detectable difference at the spread the two cells showed (80 % power, two-sided 5 %,
+t-corrected), and the differences in late MI, entropy, kept fraction and final template share.
 Then, pooled over every finished trial of the named sweeps, Spearman's rho between each predictor's
 last value and final success (paired bootstrap interval), the across-sweep version of the
 per-report predictor page.
@@ -14,6 +22,7 @@ per-report predictor page.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -29,18 +38,25 @@ CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore_ema
            "rollout/template_frac", "rollout/think_tokens")
 
 
-def change(trial, metric: str):
-    """Mean of the last quarter of the logged values minus mean of the first quarter (at least one
-    value each): single MI readings are noisy (SD 0.2-0.3 nats at 8 x 4), a quarter of them less so."""
+def quarters(trial, metric: str):
+    """(mean of the first quarter of the logged values, mean of the last quarter), at least one value
+    each: single MI readings are noisy (SD 0.2-0.3 nats at 8 x 4), a quarter of them less so."""
     _, values = trial.curve(metric)
     if len(values) < 2:
         return None
     k = max(1, len(values) // 4)
-    return sum(values[-k:]) / k - sum(values[:k]) / k
+    return sum(values[:k]) / k, sum(values[-k:]) / k
+
+
+def change(trial, metric: str):
+    """Last quarter minus first quarter (quarters)."""
+    q = quarters(trial, metric)
+    return None if q is None else q[1] - q[0]
 
 
 def cell_rows(sweep) -> list[str]:
-    head = ["arm", "condition", "n", f"final {SUCCESS}", "final eval/template_frac", *(f"Δ {m}" for m in CHANGES)]
+    head = ["arm", "condition", "n", f"final {SUCCESS}", "final eval/template_frac",
+            "filter/kept_ratio, first → last quarter", *(f"Δ {m}" for m in CHANGES)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm in sweep.arms:
         for cond in sweep.conditions or ["all"]:
@@ -50,8 +66,94 @@ def cell_rows(sweep) -> list[str]:
             success = stats.mean_ci([t.final(SUCCESS) for t in trials])
             template = stats.mean_ci([t.final("eval/template_frac") for t in trials])
             moves = [stats.fmt_ci(stats.mean_ci([change(t, m) for t in trials])) for m in CHANGES]
+            kept = [quarters(t, "filter/kept_ratio") for t in trials]
+            kept = [k for k in kept if k is not None]
+            kept_text = (f"{stats.fmt(sum(a for a, _ in kept) / len(kept))} → {stats.fmt(sum(b for _, b in kept) / len(kept))}"
+                         if kept else stats.DASH)
             lines.append(f"| {arm} | {cond} | {len(trials)} | {stats.fmt_ci(success)} | {stats.fmt_ci(template)} | "
-                         + " | ".join(moves) + " |")
+                         f"{kept_text} | " + " | ".join(moves) + " |")
+    return lines
+
+
+# Training-time curves are noisy per reading (MI: SD 0.2-0.3 nats), so a cell is compared on the mean
+# of each trial's last quarter of readings; validation metrics on their final value, the endpoint.
+LATE = ("collapse/mi", "actor/entropy", "filter/kept_ratio")
+FINAL = (SUCCESS, "eval/template_frac")
+
+
+def late(trial, metric: str):
+    if metric in FINAL:
+        return trial.final(metric)
+    _, values = trial.curve(metric)
+    if len(values) == 1:
+        return values[0]
+    q = quarters(trial, metric)
+    return None if q is None else q[1]
+
+
+def pooled_sd(x: list[float], y: list[float]) -> float | None:
+    if len(x) < 2 or len(y) < 2:
+        return None
+    ss = sum((v - sum(x) / len(x)) ** 2 for v in x) + sum((v - sum(y) / len(y)) ** 2 for v in y)
+    return math.sqrt(ss / (len(x) + len(y) - 2))
+
+
+def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]:
+    """(sweep, 'cell vs cell', trials, baseline trials) for each comparison the docstring names."""
+    def cell(sweep, arm, cond):
+        return [t for t in sweep.cell(arm, cond) if usable(t, False)]
+
+    ref_cond = None
+    if reference is not None:
+        conds = reference.conditions or ["all"]
+        if len(conds) != 1:
+            raise ValueError(f"--reference {reference.experiment}: has {len(conds)} conditions ({', '.join(conds)}); "
+                             "a reference holds the default cells under one condition. Name the sweep that does.")
+        ref_cond = conds[0]
+    out = []
+    for sweep in sweeps:
+        for cond in sweep.conditions or ["all"]:
+            for arm in sweep.arms:
+                trials = cell(sweep, arm, cond)
+                if not trials:
+                    continue
+                if arm != baseline and cell(sweep, baseline, cond):
+                    out.append((sweep.experiment, f"{arm} vs {baseline}{under(cond)}", trials, cell(sweep, baseline, cond)))
+                elif arm != baseline and ref_cond is not None and cell(reference, baseline, ref_cond):
+                    out.append((sweep.experiment, f"{arm}{under(cond)} vs {baseline} of {reference.experiment}",
+                                trials, cell(reference, baseline, ref_cond)))
+                if reference is not None and sweep is not reference and cell(reference, arm, ref_cond):
+                    out.append((sweep.experiment, f"{arm}{under(cond)} vs {arm} of {reference.experiment}",
+                                trials, cell(reference, arm, ref_cond)))
+    return out
+
+
+def under(cond: str) -> str:
+    return "" if cond == "all" else f" ({cond})"
+
+
+def _pts(est: stats.Estimate) -> str:
+    """A difference of success rates in points."""
+    scaled = stats.Estimate(*(None if v is None else 100 * v for v in (est.value, est.low, est.high)), est.n, est.method)
+    return stats.fmt_ci(scaled, digits=1)
+
+
+def comparison_rows(sweeps, reference=None, baseline: str = "nofilter") -> list[str]:
+    head = ["sweep", "comparison", "n", "Δ success, points [95% CI]", "p", "MDE at this spread, points",
+            "Δ late collapse/mi", "Δ late actor/entropy", "Δ late filter/kept_ratio", "Δ final eval/template_frac"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for name, label, xs, ys in pairs(sweeps, reference, baseline):
+        x, y = [late(t, SUCCESS) for t in xs], [late(t, SUCCESS) for t in ys]
+        sd = pooled_sd(x, y)
+        mde = (stats.fmt(100 * stats.min_detectable_difference(sd, min(len(x), len(y)), t=True), 1)
+               if sd is not None else stats.DASH)
+        sides = []
+        for m in ("collapse/mi", "actor/entropy", "filter/kept_ratio", "eval/template_frac"):
+            a = [v for v in (late(t, m) for t in xs) if v is not None]
+            b = [v for v in (late(t, m) for t in ys) if v is not None]
+            sides.append(stats.fmt_ci(stats.diff_ci(a, b)))
+        lines.append(f"| {name} | {label} | {len(x)} vs {len(y)} | {_pts(stats.diff_ci(x, y))} | "
+                     f"{stats.fmt_p(stats.permutation_p(x, y))} | {mde} | " + " | ".join(sides) + " |")
     return lines
 
 
@@ -69,16 +171,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments) or archives (*.json.gz)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument("--reference", help="the sweep holding the default cells (a name among the sweeps, or a file)")
+    parser.add_argument("--baseline", default="nofilter", help="the arm others are compared with (default: nofilter)")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
+    if args.reference is not None and args.reference not in args.experiments:
+        print(f"--reference {args.reference!r} is not among the sweeps named ({', '.join(args.experiments)}); "
+              "name it there too, so its cells are tabled with the rest", file=sys.stderr)
+        return 2
     try:
         sweeps = [open_sweep(name, uri) for name in args.experiments]
-    except (UnknownExperiment, BadArchive) as e:
+        reference = sweeps[args.experiments.index(args.reference)] if args.reference else None
+        compared = comparison_rows(sweeps, reference, args.baseline)
+    except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
     out = []
     for sweep in sweeps:
         out += [f"### {sweep.experiment}", "", *cell_rows(sweep), ""]
+    out += ["### comparisons", "", *compared, ""]
     out += ["### pooled over " + ", ".join(s.experiment for s in sweeps), "", *pooled_predictors(sweeps), ""]
     print("\n".join(out))
     return 0
