@@ -103,8 +103,10 @@ def _refuse(msg: str) -> int:
 def write_report(uri: str, spec: SweepSpec, parent, out: Path) -> Path | None:
     """The comparative PDF (and its tables) of this instance, logged to the parent run. A report that
     fails to build must not cost the sweep: it is reported, and `ragen2 report` can retry it."""
-    from ragen2_core.report.build import build_report
     try:
+        # imported here, inside the guard: a report module that fails to import (a broken install,
+        # a tree edited under a running sweep) is a report failure too
+        from ragen2_core.report.build import build_report
         pdf = build_report(uri, spec.experiment, out, instance=spec.instance)
     except Exception as err:  # noqa: BLE001 (any failure here is the report's, not the sweep's)
         print(f"report: not built ({type(err).__name__}: {err}); retry with ragen2 report --experiment "

@@ -51,3 +51,22 @@ def test_summary_groups_over_seeds(tmp_path):
     assert a["eval/success mean"] == pytest.approx(0.3) and a["std"] == pytest.approx(0.1414, abs=1e-3)
     assert (b["done"], b["failed"]) == (0, 1) and math.isnan(b["eval/success mean"])
     assert "eval/success mean" in to_text(per_group)
+
+
+@pytest.mark.parametrize("broken", ["import", "build"])
+def test_a_report_that_fails_does_not_cost_the_sweep(tmp_path, monkeypatch, capsys, broken):
+    """write_report returns None and says how to retry, whether the report module fails to import
+    or the build raises; the caller then closes the sweep run as usual."""
+    import sys
+    from types import SimpleNamespace
+
+    from ragen2_core.sweep.driver import write_report
+    if broken == "import":
+        monkeypatch.setitem(sys.modules, "ragen2_core.report.build", None)  # import raises ImportError
+    else:
+        import ragen2_core.report.build as build
+        monkeypatch.setattr(build, "build_report", lambda *a, **k: 1 / 0)
+    spec = SimpleNamespace(experiment="exp", instance="2026-01-01_00-00-00")
+    assert write_report("sqlite:///x.db", spec, parent=None, out=tmp_path / "r.pdf") is None
+    err = capsys.readouterr().err
+    assert "report: not built" in err and "ragen2 report --experiment exp --instance 2026-01-01_00-00-00" in err
