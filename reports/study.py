@@ -175,13 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", default="nofilter", help="the arm others are compared with (default: nofilter)")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
-    if args.reference is not None and args.reference not in args.experiments:
-        print(f"--reference {args.reference!r} is not among the sweeps named ({', '.join(args.experiments)}); "
-              "name it there too, so its cells are tabled with the rest", file=sys.stderr)
-        return 2
     try:
         sweeps = [open_sweep(name, uri) for name in args.experiments]
-        reference = sweeps[args.experiments.index(args.reference)] if args.reference else None
+        reference = None
+        if args.reference is not None:
+            # named as given on the command line, or by its experiment (an archive's sweep name)
+            found = [s for arg, s in zip(args.experiments, sweeps) if args.reference in (arg, s.experiment)]
+            if not found:
+                raise ValueError(f"--reference {args.reference!r} is not among the sweeps named "
+                                 f"({', '.join(s.experiment for s in sweeps)}); name it there too, so its cells "
+                                 "are tabled with the rest")
+            reference = found[0]
         compared = comparison_rows(sweeps, reference, args.baseline)
     except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)

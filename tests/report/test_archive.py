@@ -69,6 +69,10 @@ def test_study_and_power_read_archives(saved, capsys):
     from_store = capsys.readouterr().out
     assert script("study").main([str(path)]) == 0
     assert capsys.readouterr().out == from_store
+    # a reference is named by its experiment even when it was given as a file; this fixture's two
+    # conditions make it no reference, which is the error expected (not "not among the sweeps")
+    assert script("study").main(["--reference", EXPERIMENT, str(path)]) == 2
+    assert "2 conditions" in capsys.readouterr().err
 
 
 def test_bad_archives_are_named(tmp_path):
