@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragen2_core.report.archive import load, save  # noqa: E402
+from ragen2_core.report.archive import load, same_content, save  # noqa: E402
 from ragen2_core.report.collect import UnknownExperiment, collect, eval_samples  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
@@ -43,9 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep.samples = {t.run_id: eval_samples(sweep, t) for t in sweep.trials}
         path = save(sweep, Path(args.out) / f"{name}.json.gz")
         back = load(path)
-        same = ([(t.run_id, t.params, t.history) for t in back.trials] == [(t.run_id, t.params, t.history) for t in sweep.trials]
-                and back.samples == sweep.samples and back.expected == sweep.expected and back.spec == sweep.spec)
-        if not same:
+        if not same_content(back, sweep):
             print(f"archive: {path} does not read back as the sweep it was written from; not trusted "
                   "(report this with the file)", file=sys.stderr)
             return 1

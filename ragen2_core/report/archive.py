@@ -37,17 +37,30 @@ def is_archive(ref: str) -> bool:
     return str(ref).endswith(SUFFIX)
 
 
+def _body(sweep: Sweep) -> dict:
+    samples = sweep.samples if sweep.samples is not None else {t.run_id: eval_samples(sweep, t) for t in sweep.trials}
+    return dataclasses.asdict(sweep) | {"samples": {rid: {str(k): v for k, v in by_step.items()}
+                                                    for rid, by_step in samples.items()}}
+
+
 def save(sweep: Sweep, path: str | Path) -> Path:
     """Write ``sweep`` (with every trial's validation samples, fetched now if not held) to ``path``."""
-    samples = sweep.samples if sweep.samples is not None else {t.run_id: eval_samples(sweep, t) for t in sweep.trials}
-    body = dataclasses.asdict(sweep) | {"samples": {rid: {str(k): v for k, v in by_step.items()}
-                                                    for rid, by_step in samples.items()}}
-    doc = {"format": FORMAT, "kind": "ragen2 sweep archive", "sweep": body}
+    doc = {"format": FORMAT, "kind": "ragen2 sweep archive", "sweep": _body(sweep)}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # mtime=0: the same sweep gives the same bytes, so a re-export shows no spurious git change
     write_bytes_atomic(path, gzip.compress(json.dumps(doc, sort_keys=True).encode(), mtime=0))
     return path
+
+
+def same_content(a: Sweep, b: Sweep) -> bool:
+    """Whether two sweeps hold the same trials, curves, samples and spec (notes aside). Compared as
+    canonical JSON, where a logged NaN equals itself (as Python's == would not have it)."""
+    def canon(sweep):
+        body = _body(sweep)
+        body.pop("notes")
+        return json.dumps(body, sort_keys=True)
+    return canon(a) == canon(b)
 
 
 def load(path: str | Path) -> Sweep:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sweep_fixture import EXPERIMENT, write_sweep
-from ragen2_core.report.archive import BadArchive, load, open_sweep
+from ragen2_core.report.archive import BadArchive, load, open_sweep, same_content, save
 from ragen2_core.report.build import build, main as report_main
 from ragen2_core.report.collect import UnknownExperiment, collect, eval_samples
 
@@ -91,3 +91,17 @@ def test_bad_archives_are_named(tmp_path):
         open_sweep(str(tmp_path / "future.json.gz"), "sqlite:///unused.db", instance="x")
     assert report_main(["--archive", str(tmp_path / "junk.json.gz")]) == 2
     assert report_main(["--archive", str(tmp_path / "plain.json")]) == 2
+
+
+def test_a_logged_nan_reads_back_as_the_same_sweep(saved, tmp_path):
+    """A NaN in a curve (e.g. actor/reg_to_task_grad_ratio when the task gradient is 0) is kept, and
+    the read-back check sees the file as the same sweep, though NaN != NaN in Python."""
+    _, path = saved
+    sweep = load(path)
+    steps, values = sweep.trials[0].history["actor/entropy"]
+    sweep.trials[0].history["actor/entropy"] = (steps, [float("nan")] + values[1:])
+    back = load(save(sweep, tmp_path / "nan.json.gz"))
+    assert back.trials[0].history["actor/entropy"][1][0] != back.trials[0].history["actor/entropy"][1][0]  # NaN
+    assert same_content(back, sweep)
+    back.trials[0].history["actor/entropy"] = (steps, [0.5] + values[1:])
+    assert not same_content(back, sweep)
