@@ -38,11 +38,12 @@ CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore_ema
            "rollout/template_frac", "rollout/think_tokens")
 
 
-def quarters(trial, metric: str):
+def quarters(trial, metric: str, at_least: int = 2):
     """(mean of the first quarter of the logged values, mean of the last quarter), at least one value
-    each: single MI readings are noisy (SD 0.2-0.3 nats at 8 x 4), a quarter of them less so."""
+    each: single MI readings are noisy (SD 0.2-0.3 nats at 8 x 4), a quarter of them less so.
+    None with fewer than ``at_least`` values (a change needs two)."""
     _, values = trial.curve(metric)
-    if len(values) < 2:
+    if len(values) < max(1, at_least):
         return None
     k = max(1, len(values) // 4)
     return sum(values[:k]) / k, sum(values[-k:]) / k
@@ -77,17 +78,14 @@ def cell_rows(sweep) -> list[str]:
 
 # Training-time curves are noisy per reading (MI: SD 0.2-0.3 nats), so a cell is compared on the mean
 # of each trial's last quarter of readings; validation metrics on their final value, the endpoint.
-LATE = ("collapse/mi", "actor/entropy", "filter/kept_ratio")
 FINAL = (SUCCESS, "eval/template_frac")
+SIDES = ("collapse/mi", "actor/entropy", "filter/kept_ratio", "eval/template_frac")  # compared beside success
 
 
 def late(trial, metric: str):
     if metric in FINAL:
         return trial.final(metric)
-    _, values = trial.curve(metric)
-    if len(values) == 1:
-        return values[0]
-    q = quarters(trial, metric)
+    q = quarters(trial, metric, at_least=1)
     return None if q is None else q[1]
 
 
@@ -117,8 +115,9 @@ def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]
                 trials = cell(sweep, arm, cond)
                 if not trials:
                     continue
-                if arm != baseline and cell(sweep, baseline, cond):
-                    out.append((sweep.experiment, f"{arm} vs {baseline}{under(cond)}", trials, cell(sweep, baseline, cond)))
+                base = cell(sweep, baseline, cond)
+                if arm != baseline and base:
+                    out.append((sweep.experiment, f"{arm} vs {baseline}{under(cond)}", trials, base))
                 elif arm != baseline and ref_cond is not None and cell(reference, baseline, ref_cond):
                     out.append((sweep.experiment, f"{arm}{under(cond)} vs {baseline} of {reference.experiment}",
                                 trials, cell(reference, baseline, ref_cond)))
@@ -148,7 +147,7 @@ def comparison_rows(sweeps, reference=None, baseline: str = "nofilter") -> list[
         mde = (stats.fmt(100 * stats.min_detectable_difference(sd, min(len(x), len(y)), t=True), 1)
                if sd is not None else stats.DASH)
         sides = []
-        for m in ("collapse/mi", "actor/entropy", "filter/kept_ratio", "eval/template_frac"):
+        for m in SIDES:
             a = [v for v in (late(t, m) for t in xs) if v is not None]
             b = [v for v in (late(t, m) for t in ys) if v is not None]
             sides.append(stats.fmt_ci(stats.diff_ci(a, b)))

@@ -34,7 +34,7 @@ from matplotlib.backends.backend_pdf import PdfPages
 from ragen2_core.atomic import write_text_atomic
 from ragen2_core.report import figures
 from ragen2_core.report.analysis import SUCCESS, analyse, usable
-from ragen2_core.report.archive import BadArchive, open_sweep
+from ragen2_core.report.archive import SUFFIX, BadArchive, is_archive, open_sweep
 from ragen2_core.report.collect import Sweep, UnknownExperiment, eval_samples, first_thinks
 
 EXIT_OK, EXIT_BAD_INPUT = 0, 2
@@ -274,12 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
     uri = args.tracking_uri or default_tracking_uri()
-    if args.archive is not None and not args.archive.endswith(".json.gz"):
+    if args.archive is not None and not is_archive(args.archive):
         print(f"report: --archive {args.archive!r} is not a sweep archive (*.json.gz); write one with "
               "`python reports/archive.py EXPERIMENT --out DIR`", file=sys.stderr)
         return EXIT_BAD_INPUT
     ref = args.archive or args.experiment
-    name = Path(ref).name[:-len(".json.gz")] if args.archive else ref
+    name = Path(ref).name[:-len(SUFFIX)] if args.archive else ref
     out = args.out or f"reports/out/{name}.pdf"
     problem = None if args.archive else store_problem(uri)
     if problem:  # checked before MLflow opens it: opening a missing store creates an empty one
