@@ -17,7 +17,9 @@ minimum detectable difference at the spread the two cells showed (80 % power, tw
 t-corrected), and the differences in late MI, entropy, kept fraction and final template share.
 Then, pooled over every finished trial of the named sweeps, Spearman's rho between each predictor's
 last value and final success (paired bootstrap interval), the across-sweep version of the
-per-report predictor page.
+per-report predictor page; beside it the same rho within cells (each trial's predictor and success
+minus its cell's means), which leaves out what differs between cells and keeps what differs
+between seeds.
 """
 from __future__ import annotations
 
@@ -156,13 +158,39 @@ def comparison_rows(sweeps, reference=None, baseline: str = "nofilter") -> list[
     return lines
 
 
+def centred(points: list[tuple]) -> tuple[list[float], list[float]]:
+    """(cell, x, y) triples -> x and y minus their cell's means, cells of one trial left out.
+
+    Pooled over cells that differ in algorithm or regulariser, a predictor can track success only
+    because both follow the cell (PPO: higher success and lower entropy); within a cell the trials
+    differ by seed alone, so the centred values ask whether the predictor tells a cell's better
+    seeds from its worse ones."""
+    by_cell: dict = {}
+    for cell, x, y in points:
+        by_cell.setdefault(cell, []).append((x, y))
+    xs, ys = [], []
+    for pts in by_cell.values():
+        if len(pts) < 2:
+            continue
+        mx, my = sum(p[0] for p in pts) / len(pts), sum(p[1] for p in pts) / len(pts)
+        xs += [p[0] - mx for p in pts]
+        ys += [p[1] - my for p in pts]
+    return xs, ys
+
+
 def pooled_predictors(sweeps) -> list[str]:
-    trials = [t for s in sweeps for t in s.trials if usable(t, False)]
-    lines = ["| predictor (last value) | Spearman rho with final success [95% CI] | p | n trials |",
-             "| --- | --- | --- | --- |"]
-    for r in predictors_of(trials):
+    trials = [(s.experiment, t) for s in sweeps for t in s.trials if usable(t, False)]
+    lines = ["| predictor (last value) | Spearman rho with final success [95% CI] | p "
+             "| within cells: rho [95% CI] | p | n trials |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in predictors_of([t for _, t in trials]):
         est = stats.Estimate(r["rho"], r["low"], r["high"], r["n"], "")
-        lines.append(f"| `{r['predictor']}` | {stats.fmt_ci(est)} | {stats.fmt_p(r['p'])} | {r['n']} |")
+        x, y = centred([((name, t.arm, t.condition), t.final(r["predictor"]), t.final(SUCCESS))
+                        for name, t in trials if t.final(r["predictor"]) is not None])
+        w = stats.spearman_ci(x, y)
+        within = stats.Estimate(w["rho"], w["low"], w["high"], w["n"], "")
+        lines.append(f"| `{r['predictor']}` | {stats.fmt_ci(est)} | {stats.fmt_p(r['p'])} "
+                     f"| {stats.fmt_ci(within)} | {stats.fmt_p(w['p'])} | {r['n']} |")
     return lines
 
 

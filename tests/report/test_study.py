@@ -74,3 +74,33 @@ def test_comparisons_against_a_reference_sweep(tmp_path):
     two = copy.deepcopy(sweep)
     with pytest.raises(ValueError, match="2 conditions"):
         study.comparison_rows([two], two)
+
+
+def test_centred_removes_what_differs_between_cells():
+    # Cell A: x 1, 2, 3 with y 0.25, 0.5, 0.75 (y rises with x); cell B: x 11, 12, 13 with
+    # y 1.0, 0.75, 0.5 (y falls with x). Centred: A x -1, 0, 1 / y -0.25, 0, 0.25; B x -1, 0, 1 /
+    # y 0.25, 0, -0.25. Ranks of centred x: 1.5 3.5 5.5 1.5 3.5 5.5; of centred y: 1.5 3.5 5.5 5.5
+    # 3.5 1.5; deviations from 3.5: (-2 0 2 -2 0 2) . (-2 0 2 2 0 -2) = 4 + 4 - 4 - 4 = 0, so rho 0.
+    # Pooled instead: x ranks 1..6, y ranks 1 2.5 4.5 6 4.5 2.5; deviations (-2.5 -1.5 -.5 .5 1.5 2.5)
+    # and (-2.5 -1 1 2.5 1 -1): products sum to 7.5, squares to 17.5 and 16.5, rho = 7.5 /
+    # sqrt(17.5 * 16.5) = 0.4414: the cells' levels alone make x look predictive.
+    from ragen2_core.report import stats
+    study = load_study()
+    pts = [("A", 1, 0.25), ("A", 2, 0.5), ("A", 3, 0.75), ("B", 11, 1.0), ("B", 12, 0.75), ("B", 13, 0.5),
+           ("C", 5, 0.9)]  # a cell of one trial has no within-cell spread: left out
+    x, y = study.centred(pts)
+    assert x == [-1, 0, 1, -1, 0, 1] and y == [-0.25, 0, 0.25, 0.25, 0, -0.25]
+    assert stats.spearman_ci(x, y)["rho"] == pytest.approx(0.0, abs=1e-12)
+    pooled = stats.spearman_ci([p[1] for p in pts[:6]], [p[2] for p in pts[:6]])
+    assert pooled["rho"] == pytest.approx(7.5 / (17.5 * 16.5) ** 0.5)
+
+
+def test_within_cell_column_in_the_table(tmp_path, capsys):
+    uri = write_sweep(tmp_path)
+    assert load_study().main(["--tracking-uri", uri, EXPERIMENT]) == 0
+    out = capsys.readouterr().out
+    assert "| within cells: rho [95% CI] |" in out
+    # in the fixture MI rises with success inside each cell too (mi and success both grow with the
+    # seed's index), so the within-cell rho of MI is positive, not the dash of an undefined one
+    mi = next(line for line in out.splitlines() if line.startswith("| `collapse/mi` |"))
+    assert float(mi.split("|")[4].split()[0]) > 0.5
