@@ -164,7 +164,8 @@ def centred(points: list[tuple]) -> tuple[list[float], list[float]]:
     Pooled over cells that differ in algorithm or regulariser, a predictor can track success only
     because both follow the cell (PPO: higher success and lower entropy); within a cell the trials
     differ by seed alone, so the centred values ask whether the predictor tells a cell's better
-    seeds from its worse ones."""
+    seeds from its worse ones. Spearman's p on centred values ignores the degree of freedom each
+    cell's mean uses, so with 10 seeds a cell it is slightly optimistic."""
     by_cell: dict = {}
     for cell, x, y in points:
         by_cell.setdefault(cell, []).append((x, y))
