@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ragen2_core.report.archive import load, same_content, save  # noqa: E402
+from ragen2_core.report.archive import SUFFIX, load, same_content, save  # noqa: E402
 from ragen2_core.report.collect import UnknownExperiment, collect, eval_samples  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             print(e, file=sys.stderr)
             return 2
         sweep.samples = {t.run_id: eval_samples(sweep, t) for t in sweep.trials}
-        path = save(sweep, Path(args.out) / f"{name}.json.gz")
+        path = save(sweep, Path(args.out) / f"{name}{SUFFIX}")
         back = load(path)
         if not same_content(back, sweep):
             print(f"archive: {path} does not read back as the sweep it was written from; not trusted "

@@ -186,8 +186,8 @@ def pooled_predictors(sweeps) -> list[str]:
              "| --- | --- | --- | --- | --- | --- |"]
     for r in predictors_of([t for _, t in trials]):
         est = stats.Estimate(r["rho"], r["low"], r["high"], r["n"], "")
-        x, y = centred([((name, t.arm, t.condition), t.final(r["predictor"]), t.final(SUCCESS))
-                        for name, t in trials if t.final(r["predictor"]) is not None])
+        x, y = centred([((name, t.arm, t.condition), v, t.final(SUCCESS))
+                        for name, t in trials if (v := t.final(r["predictor"])) is not None])
         w = stats.spearman_ci(x, y)
         within = stats.Estimate(w["rho"], w["low"], w["high"], w["n"], "")
         lines.append(f"| `{r['predictor']}` | {stats.fmt_ci(est)} | {stats.fmt_p(r['p'])} "
