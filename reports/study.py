@@ -4,6 +4,8 @@
         kl_vs_filter entropy_vs_filter filter_strength env_noise annealing > reports/out/study.md
     python reports/study.py docs/data/doors/*.json.gz     # from sweep archives (reports/archive.py)
     python reports/study.py --reference filter_vs_nofilter filter_vs_nofilter kl_vs_filter annealing
+    python reports/study.py --reference filter_vs_nofilter --figures docs/figures/doors \
+        docs/data/doors/filter_vs_nofilter.json.gz docs/data/doors/env_noise.json.gz
 
 Per sweep and cell: final validation success, and how each diagnostic moved from the first quarter
 of its logged values to the last quarter (each trial's own change, then the mean over seeds with a
@@ -15,6 +17,10 @@ condition's effect, and arms of sweeps without a baseline against the reference'
 comparison: the difference in final success with its bootstrap interval and permutation p, the
 minimum detectable difference at the spread the two cells showed (80 % power, two-sided 5 %,
 t-corrected), and the differences in late MI, entropy, kept fraction and final template share.
+With `--reference`, also each arm's effect under each condition minus its effect in the
+reference (a difference of differences over four cells, with its interval and MDE): does the
+condition change the arm's effect (Q4: does noise shrink the filter's gain)? `--figures DIR` draws
+the same against each swept axis, the reference's cells joined at their value of it.
 Then, pooled over every finished trial of the named sweeps, Spearman's rho between each predictor's
 last value and final success (paired bootstrap interval), the across-sweep version of the
 per-report predictor page; beside it the same rho within cells (each trial's predictor and success
@@ -33,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ragen2_core.report import stats  # noqa: E402
 from ragen2_core.report.analysis import SUCCESS, predictors_of, usable  # noqa: E402
 from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
-from ragen2_core.report.collect import UnknownExperiment  # noqa: E402
+from ragen2_core.report.collect import UnknownExperiment, axis_value  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 CHANGES = ("collapse/mi", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore_ema", "actor/entropy",
@@ -91,11 +97,12 @@ def late(trial, metric: str):
     return None if q is None else q[1]
 
 
-def pooled_sd(x: list[float], y: list[float]) -> float | None:
-    if len(x) < 2 or len(y) < 2:
+def pooled_sd(*samples: list[float]) -> float | None:
+    """The per-trial SD pooled over samples that may differ in mean (each about its own mean)."""
+    if any(len(x) < 2 for x in samples):
         return None
-    ss = sum((v - sum(x) / len(x)) ** 2 for v in x) + sum((v - sum(y) / len(y)) ** 2 for v in y)
-    return math.sqrt(ss / (len(x) + len(y) - 2))
+    ss = sum(sum((v - sum(x) / len(x)) ** 2 for v in x) for x in samples)
+    return math.sqrt(ss / (sum(len(x) for x in samples) - len(samples)))
 
 
 def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]:
@@ -158,6 +165,94 @@ def comparison_rows(sweeps, reference=None, baseline: str = "nofilter") -> list[
     return lines
 
 
+def interaction_rows(sweeps, reference, baseline: str = "nofilter") -> list[str]:
+    """Each arm's effect (arm - baseline) under each condition of a swept sweep, minus the same
+    arm's effect in the reference: does the condition change what the arm does? (Q4: the filter's
+    gain at slip 0.5 minus its gain at slip 0.) No permutation p: under "no interaction" the four
+    cells' seeds are not exchangeable, so only the interval and the MDE are given."""
+    head = ["sweep", "effect", "minus", "n", "Δ of Δ success, points [95% CI]", "MDE at this spread, points"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    ref_cond = (reference.conditions or ["all"])[0]
+
+    def finals(sweep, arm, cond):
+        return [late(t, SUCCESS) for t in sweep.cell(arm, cond) if usable(t, False)]
+
+    base_ref = finals(reference, baseline, ref_cond)
+    for sweep in sweeps:
+        if sweep is reference:
+            continue
+        for cond in sweep.conditions or ["all"]:
+            for arm in sweep.arms:
+                cells = [finals(sweep, arm, cond), finals(sweep, baseline, cond),
+                         finals(reference, arm, ref_cond), base_ref]
+                if arm == baseline or not all(cells):
+                    continue
+                sd = pooled_sd(*cells)
+                n = min(len(c) for c in cells)
+                mde = (stats.fmt(100 * stats.min_detectable_difference(sd, n, t=True, cells=4), 1)
+                       if sd is not None else stats.DASH)
+                lines.append(f"| {sweep.experiment} | {arm} vs {baseline}{under(cond)} | {arm} vs {baseline} of "
+                             f"{reference.experiment} | {' + '.join(str(len(c)) for c in cells)} | "
+                             f"{_pts(stats.interaction_ci(*cells))} | {mde} |")
+    return lines
+
+
+def axis_effects(sweep, reference, key: str, baseline: str = "nofilter") -> dict | None:
+    """Final success per arm against a numeric axis `key` of `sweep`, the reference's cells joined at
+    the reference's value of `key` (slip 0 beside env_noise's 0.25 and 0.5), and each arm's effect
+    (arm - baseline) at every value. None when the reference trials do not all share one value."""
+    def number(x):
+        return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+    trials = [t for t in [*reference.trials, *sweep.trials] if usable(t, False)]
+    ref_values = {axis_value(t, key) for t in reference.trials if usable(t, False)}
+    if len(ref_values) != 1 or not all(number(axis_value(t, key)) for t in trials):
+        return None
+    by_arm: dict = {}
+    for t in trials:
+        by_arm.setdefault(t.arm, {}).setdefault(float(axis_value(t, key)), []).append(late(t, SUCCESS))
+    out = {"key": key, "baseline": baseline, "reference_x": float(next(iter(ref_values))), "arms": {}}
+    for arm, by_x in by_arm.items():
+        xs = sorted(by_x)
+        base = by_arm.get(baseline, {})
+        out["arms"][arm] = {"x": xs, "finals": by_x, "success": [stats.mean_ci(by_x[x]) for x in xs],
+                            "effect": ([stats.diff_ci(by_x[x], base[x]) if x in base else None for x in xs]
+                                       if arm != baseline else None)}
+    return out
+
+
+def draw_axis(effects: dict, title: str, path: Path) -> Path:
+    """Two panels: final success per arm, and each arm's effect over the baseline, against the axis."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2)
+    for i, (arm, line) in enumerate(effects["arms"].items()):
+        for ax, ests, scale, label in ((left, line["success"], 1.0, arm),
+                                       (right, line["effect"], 100.0, f"{arm} − {effects['baseline']}")):
+            if ests is None:
+                continue
+            pts = [(x, e) for x, e in zip(line["x"], ests) if e is not None and e.value is not None]
+            xs = [x for x, _ in pts]
+            ys = [scale * e.value for _, e in pts]
+            err = [[scale * (e.value - e.low) if e.low is not None else 0 for _, e in pts],
+                   [scale * (e.high - e.value) if e.high is not None else 0 for _, e in pts]]
+            seeds = "/".join(sorted({str(len(line["finals"][x])) for x, _ in pts}))
+            ax.errorbar(xs, ys, yerr=err, marker="o", capsize=3, color=f"C{i}", label=f"{label} ({seeds} seeds)")
+    right.axhline(0, color="0.5", linewidth=0.8)
+    for ax, ylabel in ((left, "final eval/success (mean, 95 % CI)"), (right, "arm − baseline, points (95 % CI)")):
+        ax.set_xlabel(effects["key"])
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{path.name}")
+    fig.savefig(tmp, dpi=80, format="png")
+    tmp.replace(path)
+    return path
+
+
 def centred(points: list[tuple]) -> tuple[list[float], list[float]]:
     """(cell, x, y) triples -> x and y minus their cell's means, cells of one trial left out.
 
@@ -201,7 +296,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--reference", help="the sweep holding the default cells (a name among the sweeps, or a file)")
     parser.add_argument("--baseline", default="nofilter", help="the arm others are compared with (default: nofilter)")
+    parser.add_argument("--figures", metavar="DIR", help="with --reference: draw success and each arm's effect "
+                        "against every numeric axis, the reference's cells joined (DIR/SWEEP-AXIS.png)")
     args = parser.parse_args(argv)
+    if args.figures and args.reference is None:
+        parser.error("--figures draws each axis with the reference's cells joined: name the sweep holding "
+                     "the default cells with --reference (e.g. --reference filter_vs_nofilter)")
     uri = args.tracking_uri or default_tracking_uri()
     try:
         sweeps = [open_sweep(name, uri) for name in args.experiments]
@@ -222,6 +322,17 @@ def main(argv: list[str] | None = None) -> int:
     for sweep in sweeps:
         out += [f"### {sweep.experiment}", "", *cell_rows(sweep), ""]
     out += ["### comparisons", "", *compared, ""]
+    if reference is not None:
+        out += [f"### each arm's effect against its effect in {reference.experiment}", "",
+                *interaction_rows(sweeps, reference, args.baseline), ""]
+    for sweep in sweeps if args.figures else []:
+        for key in sweep.axes if sweep is not reference else []:
+            effects = axis_effects(sweep, reference, key, args.baseline)
+            if effects is not None:
+                path = draw_axis(effects, f"{sweep.experiment}: final success against {key} "
+                                 f"({reference.experiment}'s cells at {effects['reference_x']:g})",
+                                 Path(args.figures) / f"{sweep.experiment}-{key}.png")
+                print(f"figure: {path}", file=sys.stderr)
     out += ["### pooled over " + ", ".join(s.experiment for s in sweeps), "", *pooled_predictors(sweeps), ""]
     print("\n".join(out))
     return 0

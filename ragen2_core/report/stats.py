@@ -6,6 +6,7 @@
     stats.fmt_ci(est)                             # "0.433 [0.200, 0.567]"; never "nan"
     stats.iqm([0, 1, 2, 3, 4, 100, 5, 6])         # 3.5
     stats.stratified_iqm_ci([[...], [...]])       # IQM over all runs, runs resampled within each condition
+    stats.diff_ci(x, y), stats.interaction_ci(a, b, c, d)   # a - b against c - d
     stats.permutation_p(x, y), stats.spearman_ci(x, y), stats.holm(ps), stats.bh(ps)
     stats.probability_of_improvement([x_cond1, ...], [y_cond1, ...])
     stats.performance_profile(scores, taus)
@@ -154,20 +155,22 @@ def proportion_diff_ci(k1: int, n1: int, k2: int, n2: int, level: float = LEVEL)
 
 
 def min_detectable_difference(sd: float, n_per_arm: int, *, alpha: float = 0.05, power: float = 0.8,
-                              t: bool = False) -> float:
+                              t: bool = False, cells: int = 2) -> float:
     """Smallest true difference of two arms' means that a two-sided level-``alpha`` test of ``n_per_arm``
     trials each detects with probability ``power``, for a per-trial SD ``sd``:
     (q_{1-alpha/2} + q_{power}) * sd * sqrt(2 / n), with normal quantiles, or with ``t`` Student-t
     quantiles on 2n - 2 degrees of freedom (the usual small-sample correction: the test run on the
-    results is a t-test, not a z-test)."""
+    results is a t-test, not a z-test).
+    ``cells=4``: the same for a difference of two differences (interaction_ci), four cells of n each:
+    its standard error is sd * sqrt(4 / n), sqrt(2) times a plain difference's, on 4n - 4 df."""
     if t:
-        df = 2 * n_per_arm - 2
+        df = cells * (n_per_arm - 1)
         if df < 1:
             return math.inf
         q = sps.t.ppf(1 - alpha / 2, df) + sps.t.ppf(power, df)
     else:
         q = sps.norm.ppf(1 - alpha / 2) + sps.norm.ppf(power)
-    return float(q * sd * math.sqrt(2 / n_per_arm))
+    return float(q * sd * math.sqrt(cells / n_per_arm))
 
 
 def seeds_needed(sd: float, target: float, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 10_000) -> int:
@@ -237,18 +240,38 @@ def _mean_diff(x, y, axis=-1):
 def diff_ci(x, y, *, method: str = "auto", level: float = LEVEL, n_resamples: int = RESAMPLES,
             seed: int = SEED) -> Estimate:
     """mean(x) - mean(y), each sample resampled on its own (independent seeds)."""
-    a, b = clean(x), clean(y)
-    method = choose(method, min(len(a), len(b)))
-    n = len(a) + len(b)
-    if len(a) == 0 or len(b) == 0:
-        return Estimate(None, None, None, n, "no data in one arm")
-    value = float(a.mean() - b.mean())
-    if len(a) < 2 or len(b) < 2:
-        return Estimate(value, None, None, n, "an arm has n=1: no interval")
-    if np.ptp(a) == 0 and np.ptp(b) == 0:
-        return Estimate(value, value, value, n, "all equal within each arm: zero-width interval")
+    return _independent_ci((x, y), _mean_diff, "an arm", method=method, level=level,
+                           n_resamples=n_resamples, seed=seed)
+
+
+def _diff_of_diffs(a, b, c, d, axis=-1):
+    return _mean_diff(a, b, axis) - _mean_diff(c, d, axis)
+
+
+def interaction_ci(a, b, c, d, *, method: str = "auto", level: float = LEVEL, n_resamples: int = RESAMPLES,
+                   seed: int = SEED) -> Estimate:
+    """(mean(a) - mean(b)) - (mean(c) - mean(d)): how much an effect (a against b) differs from the
+    same effect under another condition (c against d), e.g. a filter's gain at slip 0.5 minus its
+    gain at slip 0. Four cells of independent seeds, each resampled on its own."""
+    return _independent_ci((a, b, c, d), _diff_of_diffs, "a cell", method=method, level=level,
+                           n_resamples=n_resamples, seed=seed)
+
+
+def _independent_ci(samples, statistic: Callable, unit: str, *, method: str, level: float, n_resamples: int,
+                    seed: int) -> Estimate:
+    """`statistic` of several independent samples with a bootstrap interval resampling each one."""
+    xs = [clean(s) for s in samples]
+    n = sum(len(x) for x in xs)
+    if any(len(x) == 0 for x in xs):
+        return Estimate(None, None, None, n, f"no data in {unit}")
+    method = choose(method, min(len(x) for x in xs))
+    value = float(statistic(*xs))
+    if any(len(x) < 2 for x in xs):
+        return Estimate(value, None, None, n, f"{unit} has n=1: no interval")
+    if all(np.ptp(x) == 0 for x in xs):
+        return Estimate(value, value, value, n, f"all equal within each {unit.split()[-1]}: zero-width interval")
     for how in (method, "percentile"):
-        res = _quiet(sps.bootstrap, (a, b), _mean_diff, method=how, confidence_level=level,
+        res = _quiet(sps.bootstrap, tuple(xs), statistic, method=how, confidence_level=level,
                      n_resamples=n_resamples, rng=np.random.default_rng(seed), vectorized=True)
         low, high = res.confidence_interval
         if np.isfinite(low) and np.isfinite(high):
@@ -390,7 +413,10 @@ def fmt(x, digits: int = 3) -> str:
     x = float(x)
     if not math.isfinite(x):
         return DASH
-    return f"{x:.{digits}f}" if abs(x) < 10 ** 4 else f"{x:,.0f}"
+    if abs(x) >= 10 ** 4:
+        return f"{x:,.0f}"
+    text = f"{x:.{digits}f}"
+    return text.lstrip("-") if float(text) == 0 else text  # a rounding residue is no negative sign
 
 
 def fmt_ci(est: Estimate, digits: int = 3) -> str:

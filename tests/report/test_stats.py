@@ -28,6 +28,9 @@ def test_edges_never_print_nan():
     assert (one.value, one.low, one.high) == (0.4, None, None) and stats.fmt_ci(one) == "0.400"
     assert stats.fmt(float("nan")) == stats.DASH and stats.fmt(None) == stats.DASH
     assert stats.fmt_p(None) == stats.DASH
+    # a difference of equal means can come out as -1e-17 in floating point: printed as zero, not "-0.0"
+    assert stats.fmt(-1e-17, 1) == "0.0" and stats.fmt(-0.04, 1) == "0.0"
+    assert stats.fmt(-0.06, 1) == "-0.1"
 
 
 def test_bca_is_used_from_ten_seeds_and_falls_back_when_undefined():
@@ -109,6 +112,35 @@ def test_diff_interval():
     assert d.value == pytest.approx(0.3) and d.low <= 0.3 <= d.high
     assert stats.diff_ci([0.5], []).value is None
     assert math.isclose(stats.diff_ci([0.5, 0.5], [0.2, 0.2]).low, 0.3)
+
+
+def test_interaction_is_a_difference_of_differences():
+    # (mean 0.5 0.6 0.7 - mean 0.2 0.3 0.4) - (mean 0.3 0.4 0.5 - mean 0.25 0.35 0.45)
+    # = (0.6 - 0.3) - (0.4 - 0.35) = 0.25
+    a, b, c, d = [0.5, 0.6, 0.7], [0.2, 0.3, 0.4], [0.3, 0.4, 0.5], [0.25, 0.35, 0.45]
+    est = stats.interaction_ci(a, b, c, d)
+    assert est.value == pytest.approx(0.25) and est.low < 0.25 < est.high and est.n == 12
+    # an effect that is the same under both conditions: zero, with an interval around it
+    same = stats.interaction_ci(a, b, a, b)
+    assert same.value == pytest.approx(0.0) and same.low < 0 < same.high
+    # edges: an empty cell gives no value; a cell of one trial a value without interval; no spread
+    # in any cell a zero-width interval at (0.6 - 0.2) - (0.5 - 0.5) = 0.4
+    assert stats.interaction_ci(a, b, c, []).value is None
+    one = stats.interaction_ci(a, b, c, [0.35])
+    assert one.value == pytest.approx(0.25) and one.low is None
+    flat = stats.interaction_ci([0.6, 0.6], [0.2, 0.2], [0.5, 0.5], [0.5, 0.5])
+    assert (flat.low, flat.high) == pytest.approx((0.4, 0.4))
+    # the plain difference keeps its behaviour through the shared code
+    assert stats.diff_ci([0.5], []).method == "no data in an arm"
+
+
+def test_mde_of_an_interaction_is_sqrt2_times_a_difference():
+    # four cells of n: SE sd * sqrt(4 / n) against sd * sqrt(2 / n) for two arms
+    plain = stats.min_detectable_difference(0.1, 10)
+    assert stats.min_detectable_difference(0.1, 10, cells=4) == pytest.approx(plain * 2 ** 0.5)
+    # t-corrected: (t_.975 + t_.8) on 4 * (10 - 1) = 36 df: 2.0281 + 0.8518 = 2.8799;
+    # x 0.1 x sqrt(4 / 10) = 0.18214
+    assert stats.min_detectable_difference(0.1, 10, t=True, cells=4) == pytest.approx(0.18214, abs=1e-4)
 
 
 def test_wilson_interval_matches_hand_values_and_stays_inside_zero_one():

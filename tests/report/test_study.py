@@ -104,3 +104,67 @@ def test_within_cell_column_in_the_table(tmp_path, capsys):
     # seed's index), so the within-cell rho of MI is positive, not the dash of an undefined one
     mi = next(line for line in out.splitlines() if line.startswith("| `collapse/mi` |"))
     assert float(mi.split("|")[4].split()[0]) > 0.5
+
+
+def test_effect_against_the_reference_effect(tmp_path, capsys):
+    import copy
+    from ragen2_core.report import archive
+    from ragen2_core.report.collect import collect
+    sweep = collect(write_sweep(tmp_path), EXPERIMENT)
+    ref = copy.deepcopy(sweep)  # the kl 0 cells as a reference sweep of their own, as above
+    ref.experiment = "defaults"
+    ref.trials = [t for t in ref.trials if t.condition == "algo.kl_coef=0"]
+    for t in ref.trials:
+        t.condition = "all"
+    ref.expected = [e | {"condition": "all"} for e in ref.expected if e["condition"] == "algo.kl_coef=0"]
+    ref.spec["axes"] = {}
+    paths = [archive.save(s, tmp_path / f"{s.experiment}{archive.SUFFIX}") for s in (ref, sweep)]
+    assert load_study().main(["--reference", "defaults", *map(str, paths)]) == 0
+    out = capsys.readouterr().out
+    head = "### each arm's effect against its effect in defaults"
+    assert head in out
+    section = out.split(head)[1].split("###")[0].splitlines()
+    row = next(line for line in section
+               if line.startswith(f"| {EXPERIMENT} | filter vs nofilter (algo.kl_coef=0.01) |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # filter's effect at kl 0.01: 0.55 - 0.25 = 0.30; in the reference: 0.6 - 0.3 = 0.30 -> 0.0 points.
+    # Pooled SD over the four cells: squares about each cell's mean 0.065 (0.4, 0.5, 0.75), 0,
+    # 0.02, 0.02 -> sqrt(0.105 / (12 - 4)) = 0.11456; MDE on 8 df: (2.3060 + 0.8889) * 0.11456 *
+    # sqrt(4 / 3) = 0.4227 -> 42.3 points
+    assert cells[3] == "3 + 3 + 3 + 3" and cells[4].startswith("0.0 [") and cells[5] == "42.3"
+    # the kl 0 cells are the reference's own: the effect minus itself is 0, its interval (each copy
+    # resampled on its own) straddles it
+    same = next(line for line in section
+                if line.startswith(f"| {EXPERIMENT} | filter vs nofilter (algo.kl_coef=0) |"))
+    value, low, high = (float(v) for v in same.split("|")[5].replace("[", "").replace("]", "").replace(",", "").split())
+    assert value == 0.0 and low < 0 < high
+
+
+def test_success_and_effect_against_an_axis(tmp_path, capsys):
+    import copy
+    from ragen2_core.report.collect import collect
+    study = load_study()
+    sweep = collect(write_sweep(tmp_path), EXPERIMENT)
+    ref = copy.deepcopy(sweep)
+    ref.experiment = "defaults"
+    ref.trials = [t for t in ref.trials if t.condition == "algo.kl_coef=0"]
+    sweep.trials = [t for t in sweep.trials if t.condition != "algo.kl_coef=0"]  # the swept value only
+    effects = study.axis_effects(sweep, ref, "algo.kl_coef")
+    # the reference's cells join at kl 0: filter 0.6 then 0.55 at kl 0.01, nofilter 0.3 then 0.25;
+    # the filter's effect 0.30 at both
+    assert effects["reference_x"] == 0.0
+    f, nf = effects["arms"]["filter"], effects["arms"]["nofilter"]
+    assert f["x"] == [0.0, 0.01] and [round(e.value, 6) for e in f["success"]] == [0.6, 0.55]
+    assert [round(e.value, 6) for e in nf["success"]] == [0.3, 0.25] and nf["effect"] is None
+    assert [round(e.value, 6) for e in f["effect"]] == [0.3, 0.3]
+    # a string-valued axis has no line to draw
+    for t in sweep.trials:
+        t.params["algo.kl_coef"] = "high"
+    assert study.axis_effects(sweep, ref, "algo.kl_coef") is None
+    from PIL import Image
+    path = study.draw_axis(effects, "test", tmp_path / "figs" / "fixture-algo.kl_coef.png")
+    assert Image.open(path).size == (800, 320)
+    # --figures needs a reference: a usage error, nothing drawn
+    with pytest.raises(SystemExit) as e:
+        study.main(["--figures", str(tmp_path / "none"), EXPERIMENT])
+    assert e.value.code == 2 and not (tmp_path / "none").exists() and "--reference" in capsys.readouterr().err
