@@ -200,10 +200,14 @@ def interaction_rows(sweeps, reference, baseline: str = "nofilter") -> list[str]
 def axis_effects(sweep, reference, key: str, baseline: str = "nofilter") -> dict | None:
     """Final success per arm against a numeric axis `key` of `sweep`, the reference's cells joined at
     the reference's value of `key` (slip 0 beside env_noise's 0.25 and 0.5), and each arm's effect
-    (arm - baseline) at every value. None when the reference trials do not all share one value."""
+    (arm - baseline) at every value. None when the sweep varies more than `key` (its cells would be
+    pooled over the other axes), the reference trials do not all share one value, or a value is not
+    a number."""
     def number(x):
         return isinstance(x, (int, float)) and not isinstance(x, bool)
 
+    if list(sweep.axes) != [key]:
+        return None
     trials = [t for t in [*reference.trials, *sweep.trials] if usable(t, False)]
     ref_values = {axis_value(t, key) for t in reference.trials if usable(t, False)}
     if len(ref_values) != 1 or not all(number(axis_value(t, key)) for t in trials):

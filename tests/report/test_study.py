@@ -157,7 +157,10 @@ def test_success_and_effect_against_an_axis(tmp_path, capsys):
     assert f["x"] == [0.0, 0.01] and [round(e.value, 6) for e in f["success"]] == [0.6, 0.55]
     assert [round(e.value, 6) for e in nf["success"]] == [0.3, 0.25] and nf["effect"] is None
     assert [round(e.value, 6) for e in f["effect"]] == [0.3, 0.3]
-    # a string-valued axis has no line to draw
+    # a second axis would pool its cells: nothing drawn; nor for a string-valued axis
+    two = copy.deepcopy(sweep)
+    two.axes = ["algo.kl_coef", "env.slip"]
+    assert study.axis_effects(two, ref, "algo.kl_coef") is None
     for t in sweep.trials:
         t.params["algo.kl_coef"] = "high"
     assert study.axis_effects(sweep, ref, "algo.kl_coef") is None
