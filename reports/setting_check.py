@@ -1,6 +1,7 @@
 """Is the reasoning needed in a setting? The acceptance numbers of a base config's warm start.
 
     python reports/setting_check.py sweeps/base/doors.yaml [--episodes 300] [--set key=value ...]
+    python reports/setting_check.py sweeps/base/doors.yaml --only mixed --set env.slip=0.25   # under noise
                                     [--out reports/out/setting_doors.json]
 
 Three policies of the same warm-start recipe, each played once on the same validation seeds with
@@ -20,7 +21,11 @@ Beside the play, each policy is read teacher-forced on expert episodes of the st
 (the mixed one on both) over the same seeds: the share of turns whose whole reply is the greedy
 next-token choice at every token, and of answers' first and second moves. That says which step a
 policy gets wrong (a lookup in the reasoning, or composing lookups in the answer) where the
-success rates only say that it does. Prints Markdown tables and writes the numbers as JSON.
+success rates only say that it does. And each played episode is replayed turn by turn: how often
+the reasoning opens with the state as the expert reads it (doors: `Player: B.`), on the
+first turn, after a move, and on turns whose state repeats the last because a door stuck; beside
+it the expert's own success under the env's noise (`env.slip`), the ceiling for any policy.
+Prints Markdown tables and writes the numbers as JSON.
 """
 from __future__ import annotations
 
@@ -80,7 +85,50 @@ def play(cfg) -> dict:
         by_style[style] = {"successes": int(sum(wins)), "episodes": len(wins)}
     return {"policy": str(path), "episodes": len(batch), "successes": int(sum(batch.success)),
             "template_frac": summary["template_frac"], "first_turn": by_style, "teacher_forced": forced,
+            "expert_ceiling": expert_ceiling(make_env, seeds), "state_read": state_reading(make_env, seeds, batch.responses),
             "seconds": round(time.time() - t0, 1)}
+
+
+def expert_ceiling(make_env, seeds) -> float | None:
+    """Mean over the seeds of the expert's exact chance of success under the env's noise (slip):
+    the most any policy can score. None for envs that do not compute it."""
+    env = make_env()
+    if not hasattr(env, "expert_success"):
+        return None
+    total = 0.0
+    for seed in seeds:
+        env.reset(seed)
+        total += env.expert_success()
+    return total / len(seeds)
+
+
+def state_reading(make_env, seeds, responses) -> dict:
+    """Replays each played episode (the same seeds and dynamics as the play) and asks of every
+    grounded turn whether its reasoning opens with the expert's first sentence for the state it was
+    in (doors: ``Player: B.``): reading the state, apart from planning. Turns are split into
+    the first, those after a move, and those whose state repeats the turn before (a door stuck:
+    at slip 0 no expert trace shows one). {kind: {"right", "turns"}}."""
+    from ragen2_core.rollout.evaluate import think_text
+
+    template = make_env().template_think
+    out: dict = {}
+    for seed, replies in zip(seeds, responses):
+        env = make_env()
+        env.reset(seed, dynamics_seed=seed)
+        before = None
+        for k, reply in enumerate(replies):
+            state = env.render()
+            kind = "first turn" if k == 0 else "state repeated" if state == before else "after a move"
+            think = think_text(reply)
+            if think and think != template:
+                head = env.expert_turn("grounded").think.split(". ")[0] + "."
+                tally = out.setdefault(kind, {"right": 0, "turns": 0})
+                tally["right"] += think.startswith(head)
+                tally["turns"] += 1
+            before = state
+            if env.step(reply).done:
+                break
+    return out
 
 
 def teacher_forced(model, tok, make_env, seeds, style: str, fmt) -> dict:
@@ -146,6 +194,23 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def reading_table(results: dict) -> str:
+    """Per policy played: the expert's ceiling under the env's noise, and how often the reasoning
+    reads the state right, by kind of turn."""
+    kinds = ("first turn", "after a move", "state repeated")
+    rows = ["| policy | success % | expert ceiling % | " + " | ".join(f"state read right: {k}" for k in kinds) + " |",
+            "| --- | --- | --- |" + " --- |" * len(kinds)]
+    for name, r in results.items():
+        ceiling = r.get("expert_ceiling")
+        reads = []
+        for k in kinds:
+            t = r.get("state_read", {}).get(k)
+            reads.append(f"{_pct(stats.wilson_ci(t['right'], t['turns']))} of {t['turns']}" if t else stats.DASH)
+        rows.append(f"| {name} | {_pct(stats.wilson_ci(r['successes'], r['episodes']))} | "
+                    f"{stats.DASH if ceiling is None else f'{100 * ceiling:.1f}'} | " + " | ".join(reads) + " |")
+    return "\n".join(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config", help="base config, e.g. sweeps/base/doors.yaml")
@@ -172,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                                       indent=2))
     if len(results) == len(VARIANTS):
         print(table(results))
+    print(reading_table(results))
     print(f"numbers: {out}")
     return 0
 

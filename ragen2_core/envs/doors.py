@@ -20,6 +20,8 @@ turn's moves are not made (the budget is spent), so noise lowers success without
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .base import TURN_OVER, TextEnv
@@ -161,6 +163,30 @@ class DoorsEnv(TextEnv):
             plan.append(action)
             seen.add(pos)
         return plan
+
+    def expert_success(self) -> float:
+        """The chance that the expert, replanning every turn, reaches the goal from here within the
+        turns and actions left: the ceiling ``slip`` puts on any policy's success (1 at slip 0 when
+        the budget covers the path). Exact, over the ways the doors can stick."""
+        plan = self.solve()
+        if plan is None:
+            return 0.0
+        s, k = self.slip, self.max_actions_per_turn
+
+        @lru_cache(maxsize=None)
+        def reach(turns: int, actions: int, doors: int) -> float:
+            if doors == 0:
+                return 1.0
+            if turns == 0 or actions == 0:
+                return 0.0
+            tries = min(k, actions, doors)
+            p, through = 0.0, 1.0  # through: every try so far went through its door
+            for i in range(tries):  # try i sticks: i doors passed, i + 1 actions spent, turn over
+                p += through * s * reach(turns - 1, actions - i - 1, doors - i)
+                through *= 1 - s
+            return p + through * reach(turns - 1, actions - tries, doors - tries)
+
+        return reach(self.max_turns - self._turn, self.actions_left, len(plan))
 
     def _grounded_think(self, plan: list[str] | None, next_actions: str) -> str:
         here = f"Player: {self.room(self._player)}. Goal: {self.room(self.goal)}."

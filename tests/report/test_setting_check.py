@@ -90,3 +90,52 @@ def test_one_style_policies_share_the_curriculum_stage_and_its_steps():
     plain = load_config(doors, ["warmstart.grounded_steps=0"])
     assert setting_check.variant_overrides(plain)["template_only"] == [
         "warmstart.grounded_frac=0.0", "warmstart.grounded_steps=0", f"warmstart.steps={plain.warmstart.steps}"]
+
+
+def _expert_reply(env, think=None):
+    turn = env.expert_turn("grounded")
+    return f"<think>{think or turn.think}</think><answer>{' || '.join(turn.actions)}</answer>"
+
+
+def test_state_reading_splits_turns_by_whether_a_door_stuck():
+    make = lambda: DoorsEnv(size=3, min_path_len=5, max_path_len=5, slip=1.0)  # noqa: E731 (every door sticks)
+    env = make()
+    env.reset(7, dynamics_seed=7)
+    here = env.expert_turn("grounded").think.split(". ")[0]  # "Player: X"
+    wrong = "Player: A" if here != "Player: A" else "Player: B"
+    replies = [_expert_reply(env),                                      # first turn, read right
+               _expert_reply(env),                                      # stuck: same state, read right
+               _expert_reply(env, env.expert_turn("grounded").think.replace(here, wrong)),  # stuck, misread
+               f"<think>{env.template_think}</think><answer>Up</answer>"]  # template: not a reading
+    out = setting_check.state_reading(make, [7], [replies])
+    assert out == {"first turn": {"right": 1, "turns": 1}, "state repeated": {"right": 1, "turns": 2}}
+    # without noise the expert moves every turn and reads every state right
+    clean = lambda: DoorsEnv(size=3, min_path_len=5, max_path_len=5)  # noqa: E731
+    env = clean()
+    env.reset(7, dynamics_seed=7)
+    played = []
+    while True:
+        played.append(_expert_reply(env))
+        if env.step(played[-1]).done:
+            break
+    # 5 doors at 2 a turn: 3 turns
+    assert setting_check.state_reading(clean, [7], [played]) == {"first turn": {"right": 1, "turns": 1},
+                                                                 "after a move": {"right": 2, "turns": 2}}
+
+
+def test_expert_ceiling_and_the_reading_table():
+    seeds = list(range(5))
+    assert setting_check.expert_ceiling(lambda: DoorsEnv(size=3, min_path_len=3, max_path_len=5), seeds) == 1.0
+    noisy = setting_check.expert_ceiling(lambda: DoorsEnv(size=3, min_path_len=3, max_path_len=5, slip=0.5), seeds)
+    each = []
+    for s in seeds:
+        env = DoorsEnv(size=3, min_path_len=3, max_path_len=5, slip=0.5)
+        env.reset(s)
+        each.append(env.expert_success())
+    assert noisy == pytest.approx(sum(each) / 5) and 0 < noisy < 1
+    from ragen2_core.envs.frozenlake import FrozenLakeEnv
+    assert setting_check.expert_ceiling(lambda: FrozenLakeEnv(), seeds) is None  # not computed there
+    row = setting_check.reading_table({"mixed": {"successes": 30, "episodes": 100, "expert_ceiling": 0.929,
+                                                 "state_read": {"first turn": {"right": 9, "turns": 10}}}})
+    # 30 of 100: Wilson [21.9, 39.6]; 9 of 10: [59.6, 98.2]; no turn of the other kinds: a dash
+    assert "| mixed | 30.0 [21.9, 39.6] | 92.9 | 90.0 [59.6, 98.2] of 10 | – | – |" in row

@@ -172,3 +172,43 @@ def test_doors_settings_stay_out_of_other_policies_cache_keys():
 def test_continuing_the_default_policy_needs_its_shape():
     with pytest.raises(ConfigError, match=r"policy.hidden_size is 128, not 64"):
         load_config(None, ["warmstart.init_from=default", "policy.hidden_size=64"])
+
+
+def test_expert_success_is_the_exact_ceiling_slip_puts_on_success():
+    # 3 doors, 2 turns of up to 2 moves, slip 0.5. Turn 1 reaches 2 doors with (1/2)(1/2) = 1/4
+    # (then turn 2 needs its first move: 1/2), 1 door with (1/2)(1/2) = 1/4 (turn 2 needs both: 1/4),
+    # 0 doors with 1/2 (3 doors in one turn: impossible): 1/4 * 1/2 + 1/4 * 1/4 = 0.1875.
+    env = DoorsEnv(size=3, min_path_len=3, max_path_len=3, slip=0.5, max_turns=2, max_actions=4)
+    env.reset(0)
+    assert len(env.solve()) == 3 and env.expert_success() == pytest.approx(0.1875)
+    for slip, want in ((0.0, 1.0), (1.0, 0.0)):
+        e = DoorsEnv(slip=slip)
+        e.reset(3)
+        assert e.expert_success() == want
+    # a budget shorter than the path: 0 even without noise (4+ doors, one turn of 2 moves)
+    short = DoorsEnv(min_path_len=4, max_path_len=4, max_turns=1)
+    short.reset(1)
+    assert short.expert_success() == 0.0
+
+
+def test_expert_success_matches_playing_the_expert():
+    # One 3x3 house, slip 0.25, 5 turns: the exact value against 3000 played episodes (dynamics
+    # seeds 0..2999); 4 standard errors of a proportion is about 0.03 here.
+    probe = DoorsEnv(size=3, min_path_len=5, max_path_len=5, slip=0.25)
+    probe.reset(7)
+    exact = probe.expert_success()
+    wins = 0
+    for d in range(3000):
+        env = DoorsEnv(size=3, min_path_len=5, max_path_len=5, slip=0.25)
+        env.reset(7, dynamics_seed=d)
+        while not (result := env.step(_reply(env.solve()[:2]))).done:
+            pass
+        wins += result.success
+    assert 0.3 < exact < 0.99
+    assert abs(wins / 3000 - exact) < 4 * (exact * (1 - exact) / 3000) ** 0.5
+    # conditional on the state: after a turn whose doors all stuck, less is left
+    stuck = DoorsEnv(size=3, min_path_len=5, max_path_len=5, slip=1.0)
+    stuck.reset(7)
+    stuck.step(_reply(stuck.solve()[:2]))
+    stuck.slip = 0.25
+    assert stuck.expert_success() < exact
