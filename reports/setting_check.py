@@ -1,8 +1,8 @@
 """Is the reasoning needed in a setting? The acceptance numbers of a base config's warm start.
 
     python reports/setting_check.py sweeps/base/doors.yaml [--episodes 300] [--set key=value ...]
-    python reports/setting_check.py sweeps/base/doors.yaml --only mixed --set env.slip=0.25   # under noise
                                     [--out reports/out/setting_doors.json]
+    python reports/setting_check.py sweeps/base/doors.yaml --only mixed --set env.slip=0.25   # under noise
 
 Three policies of the same warm-start recipe, each played once on the same validation seeds with
 sampled decoding (the rollout's temperature), all built first if they are not cached or shipped:

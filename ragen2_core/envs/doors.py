@@ -168,6 +168,8 @@ class DoorsEnv(TextEnv):
         """The chance that the expert, replanning every turn, reaches the goal from here within the
         turns and actions left: the ceiling ``slip`` puts on any policy's success (1 at slip 0 when
         the budget covers the path). Exact, over the ways the doors can stick."""
+        if self._done:  # the episode is over: it either reached the goal or did not
+            return float(self._player == self.goal)
         plan = self.solve()
         if plan is None:
             return 0.0

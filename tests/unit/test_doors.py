@@ -185,6 +185,15 @@ def test_expert_success_is_the_exact_ceiling_slip_puts_on_success():
         e = DoorsEnv(slip=slip)
         e.reset(3)
         assert e.expert_success() == want
+    # an episode that is over: 1 at the goal, 0 after a locked door
+    won = DoorsEnv()
+    won.reset(5)
+    while not won.step(_reply(won.solve()[:2])).done:
+        pass
+    lost = DoorsEnv()
+    lost.reset(5)
+    lost.step(_reply([next(a for a in ACTIONS if a != lost.doors[lost.start])]))
+    assert won.expert_success() == 1.0 and lost.expert_success() == 0.0
     # a budget shorter than the path: 0 even without noise (4+ doors, one turn of 2 moves)
     short = DoorsEnv(min_path_len=4, max_path_len=4, max_turns=1)
     short.reset(1)
