@@ -63,13 +63,18 @@ def change(trial, metric: str):
     return None if q is None else q[1] - q[0]
 
 
+def cell(sweep, arm: str, cond: str) -> list:
+    """A cell's finished trials."""
+    return [t for t in sweep.cell(arm, cond) if usable(t, False)]
+
+
 def cell_rows(sweep) -> list[str]:
     head = ["arm", "condition", "n", f"final {SUCCESS}", "final eval/template_frac",
             "filter/kept_ratio, first → last quarter", *(f"Δ {m}" for m in CHANGES)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for arm in sweep.arms:
         for cond in sweep.conditions or ["all"]:
-            trials = [t for t in sweep.cell(arm, cond) if usable(t, False)]
+            trials = cell(sweep, arm, cond)
             if not trials:
                 continue
             success = stats.mean_ci([t.final(SUCCESS) for t in trials])
@@ -107,9 +112,6 @@ def pooled_sd(*samples: list[float]) -> float | None:
 
 def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]:
     """(sweep, 'cell vs cell', trials, baseline trials) for each comparison the docstring names."""
-    def cell(sweep, arm, cond):
-        return [t for t in sweep.cell(arm, cond) if usable(t, False)]
-
     ref_cond = None
     if reference is not None:
         conds = reference.conditions or ["all"]
@@ -175,7 +177,7 @@ def interaction_rows(sweeps, reference, baseline: str = "nofilter") -> list[str]
     ref_cond = (reference.conditions or ["all"])[0]
 
     def finals(sweep, arm, cond):
-        return [late(t, SUCCESS) for t in sweep.cell(arm, cond) if usable(t, False)]
+        return [late(t, SUCCESS) for t in cell(sweep, arm, cond)]
 
     base_ref = finals(reference, baseline, ref_cond)
     for sweep in sweeps:
