@@ -27,6 +27,10 @@ from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instan
 from ragen2_core.sweep.trials import Trial, load_spec, make_trial, spec_hash
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
+# Every trial in a fresh worker process. Reusing a finished trial's worker saves the imports (7 s a
+# trial), but its resident memory grew by 1-1.5 GB a trial and a 40-trial sweep was killed by Ray's
+# memory monitor at 20 (docs/sweeps.md).
+REUSE_WORKERS = False
 
 
 # ----------------------------------------------------------------------------- tables
@@ -204,6 +208,9 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
         # The restored RunConfig holds the callbacks pickled by the first run; use this run's live ones.
         run_config = tuner._local_tuner.get_run_config()
         run_config.callbacks, run_config.stop = [tracker, progress], stopper
+        # The restored TuneConfig is the first run's too: an instance started before trials got
+        # fresh workers would go on reusing them (Tune has no public setter on restore).
+        tuner._local_tuner._tune_config.reuse_actors = REUSE_WORKERS
     else:
         todo = [t for t in trials if t.trial_id not in finished]  # state lost before Tune saved it: MLflow knows
         if spec.search.kind == "optuna":
@@ -217,10 +224,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
                 scheduler=scheduler(spec), num_samples=spec.search.samples if spec.search.kind == "optuna" else 1,
                 max_concurrent_trials=spec.max_concurrent or None,
                 trial_name_creator=name_of, trial_dirname_creator=name_of,
-                # Every trial in a fresh worker process. Reusing a finished trial's worker saves the
-                # imports (7 s a trial), but its resident memory grew by 1-1.5 GB a trial and a
-                # 40-trial sweep was killed by Ray's memory monitor at 20 (docs/sweeps.md).
-                reuse_actors=False),
+                reuse_actors=REUSE_WORKERS),
             run_config=tune.RunConfig(
                 name=spec.instance, storage_path=str(spec.sweep_root), stop=stopper, callbacks=[tracker, progress],
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=0, log_to_file=True))

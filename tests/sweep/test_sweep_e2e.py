@@ -3,9 +3,12 @@
 One trial is broken on purpose (its policy path does not exist): it must fail alone, be recorded
 as FAILED with its traceback, and make the driver exit 1. Running the spec again starts a second
 instance; `--resume INSTANCE` continues the first. The slow tier kills the driver with SIGKILL
-mid-sweep and resumes the latest instance, and runs an Optuna search.
+mid-sweep and resumes the latest instance, and runs an Optuna search; in both every trial gets its
+own worker process.
 """
+import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -55,6 +58,15 @@ def runs_of(uri: str, experiment: str) -> tuple:
     parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
     children = [r for r in runs if r.data.tags.get("ragen2.role") == "trial"]
     return client, parents, children
+
+
+def worker_pids(sweep_root: Path) -> dict[str, int]:
+    """Each trial's worker process id as Tune recorded it with its last result."""
+    out = {}
+    for f in sweep_root.glob("*/*/result.json"):
+        lines = [line for line in f.read_text().splitlines() if line.strip()]
+        out[f.parent.name] = json.loads(lines[-1])["pid"]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +161,8 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     # Enough steps that no trial can finish in the ~12 s between its second checkpoint and the kill
     # (a tiny-policy step takes well under a second).
     steps = 150
-    spec = write_spec(tmp_path, "killed", cache, arms={"a": {}, "b": {"algo.kl_coef": 0.01}},
+    arms = {"a": {}, "b": {"algo.kl_coef": 0.01}, "c": {"algo.kl_coef": 0.02}}  # two at a time: c waits
+    spec = write_spec(tmp_path, "killed", cache, arms=arms,
                       fixed={"train": {"eval_every": 10, "steps": steps, "checkpoint_every": 5}})
     env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(RUN + [str(spec), "--progress-every", "2"], cwd=tmp_path, env=env,
@@ -167,10 +180,19 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     except ProcessLookupError:
         pass
     assert not list(sweep_root.glob("*/trials/*/result.json")), "trials finished before the kill; raise steps"
+    # As if an older driver had started the instance: Tune restores the first run's TuneConfig,
+    # and that one handed a finished trial's worker the next trial.
+    [state] = sweep_root.glob("*/tuner.pkl")
+    tuner = pickle.loads(state.read_bytes())
+    tuner["_tune_config"].reuse_actors = True
+    state.write_bytes(pickle.dumps(tuner))
     resumed = sweep(tmp_path, spec, "--resume")  # the latest instance: the killed one
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "killed")
-    assert len(parents) == 1 and len(children) == 2
+    assert len(parents) == 1 and len(children) == 3
+    # the restored instance gives every trial its own worker all the same (c waited for a free one)
+    pids = worker_pids(sweep_root)
+    assert len(pids) == 3 and len(set(pids.values())) == 3, f"trials shared a worker process: {pids}"
     for run in children:
         assert run.info.status == "FINISHED"
         history = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")]
@@ -187,6 +209,10 @@ def test_optuna_sweep_runs(tmp_path, cache):
     client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "tuned")
     assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children)
     assert len({r.data.params["algo.kl_coef"] for r in children}) == 3
+    # Three trials, two at a time: the third starts when a worker is free. It must get a fresh
+    # process, not the finished trial's (a reused worker kept its memory: docs/sweeps.md).
+    pids = worker_pids(tmp_path / "runs" / "tuned")
+    assert len(pids) == 3 and len(set(pids.values())) == 3, f"trials shared a worker process: {pids}"
 
 
 @pytest.mark.slow
