@@ -15,12 +15,14 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import math
 import os
 import statistics
 import sys
 from pathlib import Path
 
+from ragen2_core.atomic import write_text_atomic
 from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
@@ -98,6 +100,20 @@ def summarize(client, experiment_id: str, parent_id: str, metric: str) -> tuple[
 
 
 # ----------------------------------------------------------------------------- the run
+
+def no_reused_workers(exp_dir: Path) -> None:
+    """Make a restored instance start every trial in a fresh worker, whatever the run that began it
+    chose. Tune restores its controller from the newest experiment_state-*.json, `_reuse_actors`
+    included, over what the restoring run passes (ray/tune/execution/tune_controller.py,
+    `__setstate__`), and has no setting for it on restore; so the saved value is rewritten."""
+    states = sorted(exp_dir.glob("experiment_state-*.json"))
+    if not states:
+        return
+    state = json.loads(states[-1].read_text())
+    if state.get("runner_data", {}).get("_reuse_actors", REUSE_WORKERS) != REUSE_WORKERS:
+        state["runner_data"]["_reuse_actors"] = REUSE_WORKERS
+        write_text_atomic(states[-1], json.dumps(state))
+
 
 def _refuse(msg: str) -> int:
     print(f"sweep: {msg}", file=sys.stderr)
@@ -208,9 +224,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
         # The restored RunConfig holds the callbacks pickled by the first run; use this run's live ones.
         run_config = tuner._local_tuner.get_run_config()
         run_config.callbacks, run_config.stop = [tracker, progress], stopper
-        # The restored TuneConfig is the first run's too: an instance started before trials got
-        # fresh workers would go on reusing them (Tune has no public setter on restore).
-        tuner._local_tuner._tune_config.reuse_actors = REUSE_WORKERS
+        no_reused_workers(exp_dir)
     else:
         todo = [t for t in trials if t.trial_id not in finished]  # state lost before Tune saved it: MLflow knows
         if spec.search.kind == "optuna":

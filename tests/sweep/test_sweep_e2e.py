@@ -8,7 +8,6 @@ own worker process.
 """
 import json
 import os
-import pickle
 import signal
 import subprocess
 import sys
@@ -161,7 +160,8 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     # Enough steps that no trial can finish in the ~12 s between its second checkpoint and the kill
     # (a tiny-policy step takes well under a second).
     steps = 150
-    arms = {"a": {}, "b": {"algo.kl_coef": 0.01}, "c": {"algo.kl_coef": 0.02}}  # two at a time: c waits
+    # two at a time: c and d wait for a free worker
+    arms = {"a": {}, "b": {"algo.kl_coef": 0.01}, "c": {"algo.kl_coef": 0.02}, "d": {"algo.kl_coef": 0.03}}
     spec = write_spec(tmp_path, "killed", cache, arms=arms,
                       fixed={"train": {"eval_every": 10, "steps": steps, "checkpoint_every": 5}})
     env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
@@ -180,19 +180,20 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     except ProcessLookupError:
         pass
     assert not list(sweep_root.glob("*/trials/*/result.json")), "trials finished before the kill; raise steps"
-    # As if an older driver had started the instance: Tune restores the first run's TuneConfig,
+    # As if an older driver had started the instance: Tune restores its controller's saved state,
     # and that one handed a finished trial's worker the next trial.
-    [state] = sweep_root.glob("*/tuner.pkl")
-    tuner = pickle.loads(state.read_bytes())
-    tuner["_tune_config"].reuse_actors = True
-    state.write_bytes(pickle.dumps(tuner))
+    state = max(sweep_root.glob("*/experiment_state-*.json"))
+    saved = json.loads(state.read_text())
+    assert saved["runner_data"]["_reuse_actors"] is False
+    saved["runner_data"]["_reuse_actors"] = True
+    state.write_text(json.dumps(saved))
     resumed = sweep(tmp_path, spec, "--resume")  # the latest instance: the killed one
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     client, parents, children = runs_of(f"sqlite:///{tmp_path}/mlflow.db", "killed")
-    assert len(parents) == 1 and len(children) == 3
-    # the restored instance gives every trial its own worker all the same (c waited for a free one)
+    assert len(parents) == 1 and len(children) == 4
+    # the restored instance gives every trial its own worker all the same
     pids = worker_pids(sweep_root)
-    assert len(pids) == 3 and len(set(pids.values())) == 3, f"trials shared a worker process: {pids}"
+    assert len(pids) == 4 and len(set(pids.values())) == 4, f"trials shared a worker process: {pids}"
     for run in children:
         assert run.info.status == "FINISHED"
         history = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")]

@@ -1,10 +1,12 @@
-"""Pieces of the Tune / MLflow side that need no Ray cluster: NaN guard, collapse stopper, summary."""
+"""Pieces of the Tune / MLflow side that need no Ray cluster: NaN guard, collapse stopper, summary,
+the saved state a resumed instance restores."""
+import json
 import math
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ragen2_core.sweep.driver import summarize, to_text
+from ragen2_core.sweep.driver import no_reused_workers, summarize, to_text
 from ragen2_core.sweep.trainable import CollapseStopper, TuneSink
 
 
@@ -70,3 +72,18 @@ def test_a_report_that_fails_does_not_cost_the_sweep(tmp_path, monkeypatch, caps
     assert write_report("sqlite:///x.db", spec, parent=None, out=tmp_path / "r.pdf") is None
     err = capsys.readouterr().err
     assert "report: not built" in err and "ragen2 report --experiment exp --instance 2026-01-01_00-00-00" in err
+
+
+def test_a_resumed_instance_is_told_not_to_reuse_workers(tmp_path):
+    # Tune restores the newest experiment_state-*.json (largest name): only that one is rewritten,
+    # and only its _reuse_actors; the rest of the state is kept as it was.
+    no_reused_workers(tmp_path)  # nothing saved yet: nothing to do
+    old = tmp_path / "experiment_state-2026-12-05_08-31-52.json"
+    new = tmp_path / "experiment_state-2026-12-05_12-01-03.json"
+    state = {"runner_data": {"_reuse_actors": True, "_iteration": 7}, "trial_data": ["x"]}
+    for f in (old, new):
+        f.write_text(json.dumps(state))
+    no_reused_workers(tmp_path)
+    assert json.loads(new.read_text()) == {"runner_data": {"_reuse_actors": False, "_iteration": 7},
+                                           "trial_data": ["x"]}
+    assert json.loads(old.read_text()) == state
