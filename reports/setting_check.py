@@ -172,18 +172,20 @@ def table(results: dict) -> str:
     for name, r in results.items():
         rows.append(f"| {name} | {r['episodes']} | {_pct(stats.wilson_ci(r['successes'], r['episodes']))} | "
                     f"{r['template_frac']:.2f} |")
-    m = results["mixed"]["first_turn"]
-    g, t = m["grounded"], m["template"]
-    style = stats.proportion_diff_ci(g["successes"], g["episodes"], t["successes"], t["episodes"])
-    go, to = results["grounded_only"], results["template_only"]
-    taught = stats.proportion_diff_ci(go["successes"], go["episodes"], to["successes"], to["episodes"])
-    rows += ["", "| comparison | success % | difference, points [95 % CI] |", "| --- | --- | --- |",
-             f"| mixed policy: grounded first turn ({g['episodes']}) vs template first turn ({t['episodes']}) | "
-             f"{_pct(stats.wilson_ci(g['successes'], g['episodes']))} vs "
-             f"{_pct(stats.wilson_ci(t['successes'], t['episodes']))} | {_pct(style)} |",
-             f"| grounded-only vs template-only warm start | "
-             f"{_pct(stats.wilson_ci(go['successes'], go['episodes']))} vs "
-             f"{_pct(stats.wilson_ci(to['successes'], to['episodes']))} | {_pct(taught)} |"]
+    rows += ["", "| comparison | success % | difference, points [95 % CI] |", "| --- | --- | --- |"]
+    if "mixed" in results:  # (a) needs the mixed policy alone, (b) the two one-style ones
+        m = results["mixed"]["first_turn"]
+        g, t = m["grounded"], m["template"]
+        style = stats.proportion_diff_ci(g["successes"], g["episodes"], t["successes"], t["episodes"])
+        rows.append(f"| mixed policy: grounded first turn ({g['episodes']}) vs template first turn ({t['episodes']}) | "
+                    f"{_pct(stats.wilson_ci(g['successes'], g['episodes']))} vs "
+                    f"{_pct(stats.wilson_ci(t['successes'], t['episodes']))} | {_pct(style)} |")
+    if "grounded_only" in results and "template_only" in results:
+        go, to = results["grounded_only"], results["template_only"]
+        taught = stats.proportion_diff_ci(go["successes"], go["episodes"], to["successes"], to["episodes"])
+        rows.append(f"| grounded-only vs template-only warm start | "
+                    f"{_pct(stats.wilson_ci(go['successes'], go['episodes']))} vs "
+                    f"{_pct(stats.wilson_ci(to['successes'], to['episodes']))} | {_pct(taught)} |")
     rows += ["", "| policy | expert style read | turns | whole reply right | move 1 right | move 2 right |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
@@ -235,8 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out, json.dumps({"config": args.config, "overrides": args.overrides, "results": results},
                                       indent=2))
-    if len(results) == len(VARIANTS):
-        print(table(results))
+    print(table(results))
     print(reading_table(results))
     print(f"numbers: {out}")
     return 0

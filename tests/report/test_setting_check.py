@@ -139,3 +139,17 @@ def test_expert_ceiling_and_the_reading_table():
                                                  "state_read": {"first turn": {"right": 9, "turns": 10}}}})
     # 30 of 100: Wilson [21.9, 39.6]; 9 of 10: [59.6, 98.2]; no turn of the other kinds: a dash
     assert "| mixed | 30.0 [21.9, 39.6] | 92.9 | 90.0 [59.6, 98.2] of 10 | – | – |" in row
+
+
+def test_the_comparison_table_shows_what_the_played_policies_allow():
+    mixed = {"successes": 50, "episodes": 100, "template_frac": 0.5,
+             "first_turn": {"grounded": {"successes": 30, "episodes": 50},
+                            "template": {"successes": 20, "episodes": 50}}}
+    alone = setting_check.table({"mixed": mixed})  # --only mixed: (a) only
+    # 30 of 50 vs 20 of 50: 60 % vs 40 %, a difference of 20 points
+    assert "| mixed policy: grounded first turn (50) vs template first turn (50) | 60.0" in alone
+    assert "| 20.0 [" in alone and "grounded-only vs template-only" not in alone
+    one_style = {"successes": 10, "episodes": 100, "template_frac": 0.0}
+    both = setting_check.table({"grounded_only": one_style, "template_only": one_style})
+    assert "| grounded-only vs template-only warm start | 10.0" in both and "| 0.0 [" in both
+    assert "mixed policy" not in both
