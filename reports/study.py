@@ -37,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report import stats  # noqa: E402
-from ragen2_core.report.analysis import SUCCESS, predictors_of, usable  # noqa: E402
+from ragen2_core.report.analysis import SUCCESS, is_number, predictors_of, usable  # noqa: E402
 from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
 from ragen2_core.report.collect import UnknownExperiment, axis_value  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
@@ -205,14 +205,11 @@ def axis_effects(sweep, reference, key: str, baseline: str = "nofilter") -> dict
     (arm - baseline) at every value. None when the sweep varies more than `key` (its cells would be
     pooled over the other axes), the reference trials do not all share one value, or a value is not
     a number."""
-    def number(x):
-        return isinstance(x, (int, float)) and not isinstance(x, bool)
-
     if list(sweep.axes) != [key]:
         return None
     trials = [t for t in [*reference.trials, *sweep.trials] if usable(t, False)]
     ref_values = {axis_value(t, key) for t in reference.trials if usable(t, False)}
-    if len(ref_values) != 1 or not all(number(axis_value(t, key)) for t in trials):
+    if len(ref_values) != 1 or not all(is_number(axis_value(t, key)) for t in trials):
         return None
     by_arm: dict = {}
     for t in trials:

@@ -211,11 +211,16 @@ def robust(sweep: Sweep, baseline: Optional[str], include_running: bool) -> dict
 
 # ----------------------------------------------------------------------------- dose-response
 
+def is_number(x) -> bool:
+    """An axis value that can be placed on a numeric axis (a YAML bool is not one)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
 def numeric_axes(sweep: Sweep) -> list[str]:
     out = []
     for key in sweep.axes:
         vals = {axis_value(t, key) for t in sweep.trials} - {None}
-        if len(vals) > 1 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        if len(vals) > 1 and all(is_number(v) for v in vals):
             out.append(key)
     return out
 
