@@ -167,25 +167,29 @@ def _pct(est: stats.Estimate) -> str:
     return f"{100 * est.value:.1f} [{100 * est.low:.1f}, {100 * est.high:.1f}]"
 
 
+def _rate(r: dict) -> str:
+    """Success % of {"successes", "episodes"} with its Wilson interval."""
+    return _pct(stats.wilson_ci(r["successes"], r["episodes"]))
+
+
+def _versus(label: str, a: dict, b: dict) -> str:
+    """A comparison row: both rates and their difference (Newcombe)."""
+    diff = stats.proportion_diff_ci(a["successes"], a["episodes"], b["successes"], b["episodes"])
+    return f"| {label} | {_rate(a)} vs {_rate(b)} | {_pct(diff)} |"
+
+
 def table(results: dict) -> str:
     rows = ["| policy | episodes | success % [95 % CI] | template share of turns |", "| --- | --- | --- | --- |"]
     for name, r in results.items():
-        rows.append(f"| {name} | {r['episodes']} | {_pct(stats.wilson_ci(r['successes'], r['episodes']))} | "
-                    f"{r['template_frac']:.2f} |")
+        rows.append(f"| {name} | {r['episodes']} | {_rate(r)} | {r['template_frac']:.2f} |")
     rows += ["", "| comparison | success % | difference, points [95 % CI] |", "| --- | --- | --- |"]
     if "mixed" in results:  # (a) needs the mixed policy alone, (b) the two one-style ones
-        m = results["mixed"]["first_turn"]
-        g, t = m["grounded"], m["template"]
-        style = stats.proportion_diff_ci(g["successes"], g["episodes"], t["successes"], t["episodes"])
-        rows.append(f"| mixed policy: grounded first turn ({g['episodes']}) vs template first turn ({t['episodes']}) | "
-                    f"{_pct(stats.wilson_ci(g['successes'], g['episodes']))} vs "
-                    f"{_pct(stats.wilson_ci(t['successes'], t['episodes']))} | {_pct(style)} |")
+        g, t = results["mixed"]["first_turn"]["grounded"], results["mixed"]["first_turn"]["template"]
+        rows.append(_versus(f"mixed policy: grounded first turn ({g['episodes']}) vs template first turn "
+                            f"({t['episodes']})", g, t))
     if "grounded_only" in results and "template_only" in results:
-        go, to = results["grounded_only"], results["template_only"]
-        taught = stats.proportion_diff_ci(go["successes"], go["episodes"], to["successes"], to["episodes"])
-        rows.append(f"| grounded-only vs template-only warm start | "
-                    f"{_pct(stats.wilson_ci(go['successes'], go['episodes']))} vs "
-                    f"{_pct(stats.wilson_ci(to['successes'], to['episodes']))} | {_pct(taught)} |")
+        rows.append(_versus("grounded-only vs template-only warm start", results["grounded_only"],
+                            results["template_only"]))
     rows += ["", "| policy | expert style read | turns | whole reply right | move 1 right | move 2 right |",
              "| --- | --- | --- | --- | --- | --- |"]
     for name, r in results.items():
@@ -208,7 +212,7 @@ def reading_table(results: dict) -> str:
         for k in kinds:
             t = r.get("state_read", {}).get(k)
             reads.append(f"{_pct(stats.wilson_ci(t['right'], t['turns']))} of {t['turns']}" if t else stats.DASH)
-        rows.append(f"| {name} | {_pct(stats.wilson_ci(r['successes'], r['episodes']))} | "
+        rows.append(f"| {name} | {_rate(r)} | "
                     f"{stats.DASH if ceiling is None else f'{100 * ceiling:.1f}'} | " + " | ".join(reads) + " |")
     return "\n".join(rows)
 
