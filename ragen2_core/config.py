@@ -66,6 +66,7 @@ _FIX = {
     float: "write a number, e.g. 0.5",
     bool: "write true or false",
     str: "write a string; quote it if it looks like a number or bool, e.g. '1'",
+    dict: "write a mapping, e.g. {doors: {min_path_len: 3}}",
 }
 
 
@@ -228,6 +229,8 @@ def schema_problem(key: str) -> Optional[str]:
     """Why dotted `key` names no field of TrainConfig, or None when it does."""
     cls, parts = TrainConfig, key.split(".")
     for i, part in enumerate(parts):
+        if cls is dict:  # a free mapping (warmstart.env): its section's check() validates the keys
+            return None
         if not dataclasses.is_dataclass(cls):
             return f"'{'.'.join(parts[:i])}' is a value, not a section; drop '.{'.'.join(parts[i:])}'"
         names = [f.name for f in dataclasses.fields(cls)]
@@ -433,6 +436,10 @@ class EnvConfig:
     max_actions_per_turn: int = opt(2, "actions the agent may issue in one turn", ge=1)
     max_actions: int = opt(10, "actions per episode across all turns", ge=1)
     format_penalty: float = opt(-0.1, "reward added when a reply does not parse", le=0)
+    success_reward: Optional[float] = opt(None, "reward for reaching the goal; null = the env's own (1 for "
+                                          "frozenlake and doors, 10 for sokoban, as the release)", gt=0)
+    step_penalty: Optional[float] = opt(None, "reward added for every action taken; null = the env's own (0 for "
+                                        "frozenlake and doors, -0.1 for sokoban, as the release)", le=0)
     val_seeds: int = opt(100, "number of fixed validation seeds", ge=1)
     val_seed_start: int = opt(1_000_000_000, "first validation seed; training seeds are drawn below it", ge=0)
     frozenlake: FrozenLakeConfig = opt(FrozenLakeConfig, "FrozenLake map generation")
@@ -448,6 +455,10 @@ class EnvConfig:
                         "lower max_actions_per_turn or raise max_actions")
         if self.name in SINGLE_TURN_ENVS and self.slip:
             errs.append(f"slip ({self.slip}) has no meaning for the single-turn env {self.name}; set env.slip=0")
+        for field in ("success_reward", "step_penalty"):
+            if self.name in SINGLE_TURN_ENVS and getattr(self, field) is not None:
+                errs.append(f"{field} ({getattr(self, field)}) has no meaning for the single-turn env {self.name}, "
+                            f"whose reward is its grade; set env.{field}=null")
         return errs
 
 
@@ -493,6 +504,22 @@ class PolicyConfig:
         return errs
 
 
+# Env fields the warm start's traces never see: the policy is built without them, so they stay out
+# of its cache key and out of warmstart.env.
+RL_ONLY_ENV_FIELDS = ("name", "slip", "val_seeds", "val_seed_start", "success_reward", "step_penalty")
+
+
+def trace_env(env: "EnvConfig", overrides: dict) -> "EnvConfig":
+    """The env the warm start's expert traces are played in: ``env`` with ``overrides``
+    (``warmstart.env``) merged over it, at slip 0 and the env's own reward scale."""
+    errors = [f"warmstart.env.{k}: an RL-time setting the warm start never uses; drop it from warmstart.env"
+              for k in overrides if k in RL_ONLY_ENV_FIELDS]
+    out = build_section(EnvConfig, _merge(to_dict(env), overrides), "warmstart.env", errors)
+    if errors:
+        raise ConfigError(errors)
+    return dataclasses.replace(out, slip=0.0, success_reward=None, step_penalty=None)
+
+
 # The fields that shape the embedded model and its tokenizer (what warmstart.init_from=default must keep).
 EMBEDDED_SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size")
 
@@ -513,6 +540,9 @@ class WarmStartConfig:
     grounded_steps: int = opt(0, "curriculum: first this many steps on grounded traces only (the policy of this recipe "
                               "with grounded_frac=1 and steps=grounded_steps, cached on its own), then `steps` on the "
                               "grounded_frac mix from there; 0 = no curriculum", ge=0)
+    env: dict = opt({}, "env fields the expert traces are played with instead of the run's, e.g. {doors: "
+                    "{min_path_len: 3, max_path_len: 5}}: warm-start on easier maps than RL plays (the policy's "
+                    "cache key follows the traces); empty = the run's env")
 
     def check(self) -> list[str]:
         errs = [] if self.envs else ["envs is empty; list at least one of " + "|".join(ENVS)]
@@ -565,6 +595,9 @@ class AlgoConfig:
                             "[-10, 10]); k3_exact is unclamped", choices=["k1", "k2", "k3", "k3_exact"])
     kl_placement: str = opt("in_loss", "apply KL in the loss or subtract it from rewards",
                             choices=["in_loss", "in_reward"])
+    kl_reference: str = opt("init", "the policy the KL term pulls towards: init (the starting policy) or another "
+                            "policy with the same tokenizer, as a path or as embedded-<key> (looked up in "
+                            "policy.cache_dir, then among the shipped policies)")
     entropy_coef: float = opt(0.001, "entropy bonus weight", ge=0)
     actor_lr: float = opt(5e-5, "policy learning rate", gt=0)
     critic_lr: float = opt(1e-4, "value-head learning rate (gae only)", gt=0)
@@ -723,6 +756,14 @@ class TrainConfig:
         if self.grad_probe.every and self.train.zero_stage == 3:
             errs.append("grad_probe.every needs whole parameters, which ZeRO stage 3 partitions; "
                         "use train.zero_stage <= 2 or set grad_probe.every=0")
+        if self.algo.kl_reference != "init" and not self.algo.kl_coef:
+            errs.append(f"algo.kl_reference ({self.algo.kl_reference!r}) is set but algo.kl_coef is 0, so nothing "
+                        "pulls towards it; set algo.kl_coef > 0 or algo.kl_reference=init")
+        if self.warmstart.env:
+            try:
+                trace_env(self.env, self.warmstart.env)
+            except ConfigError as e:
+                errs.extend(e.errors)
         if self.warmstart.init_from == "default" and self.policy.model == "embedded":
             default = PolicyConfig()
             for name in EMBEDDED_SHAPE:

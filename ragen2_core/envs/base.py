@@ -57,18 +57,26 @@ class ExpertTurn:
 
 
 class TextEnv(ABC):
-    """Multi-turn text env. Subclasses set ``name`` and ``action_names``."""
+    """Multi-turn text env. Subclasses set ``name``, ``action_names`` and their own reward scale
+    (``success_reward``, ``step_penalty``), which a config may override."""
 
     name: str
     action_names: list[str]
+    success_reward: float = 1.0   # added when an action reaches the goal
+    step_penalty: float = 0.0     # added for every action taken (a door that sticks counts too)
 
     def __init__(self, *, slip: float, max_turns: int, max_actions_per_turn: int, max_actions: int,
-                 format_penalty: float):
+                 format_penalty: float, success_reward: float | None = None, step_penalty: float | None = None):
         self.slip = slip
         self.max_turns = max_turns
         self.max_actions_per_turn = max_actions_per_turn
         self.max_actions = max_actions
         self.format_penalty = format_penalty
+        # None keeps the env's own scale, so a config that does not shape rewards plays the env as built.
+        if success_reward is not None:
+            self.success_reward = success_reward
+        if step_penalty is not None:
+            self.step_penalty = step_penalty
         self._turn, self._n_actions, self._done = 0, 0, True  # step() needs a reset() first
 
     @abstractmethod
@@ -91,7 +99,7 @@ class TextEnv(ABC):
         executed, reason = [], None
         for action in parsed.actions[:self.actions_left]:
             r, reason = self._apply(action)
-            reward += r
+            reward += self.step_penalty + r + (self.success_reward if reason == "success" else 0.0)
             executed.append(action)
             self._n_actions += 1
             if reason == TURN_OVER:
@@ -111,8 +119,9 @@ class TextEnv(ABC):
 
     @abstractmethod
     def _apply(self, action: str) -> tuple[float, str | None]:
-        """Execute one canonical action: (reward, end reason "success" | "hole" | ... | None), or
-        ``TURN_OVER`` to end the turn early without ending the episode."""
+        """Execute one canonical action: (the env's own intermediate reward, end reason "success" |
+        "hole" | ... | None), or ``TURN_OVER`` to end the turn early without ending the episode. The
+        step penalty and the success reward are added by ``step``."""
 
     @abstractmethod
     def render(self) -> str:

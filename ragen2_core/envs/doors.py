@@ -44,17 +44,19 @@ def room_name(cell: Pos, size: int) -> str:
 
 
 class DoorsEnv(TextEnv):
-    """Follow the unlocked doors from the start to the goal; reward 1 at the goal, 0 otherwise."""
+    """Follow the unlocked doors from the start to the goal; reward 1 at the goal, 0 otherwise (by default)."""
 
     name = "doors"
     template_think = TEMPLATE_THINK
     action_names = ACTIONS
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
-                 max_actions: int = 10, format_penalty: float = -0.1, size: int = 4,
+                 max_actions: int = 10, format_penalty: float = -0.1,
+                 success_reward: float | None = None, step_penalty: float | None = None, size: int = 4,
                  min_path_len: int = 4, max_path_len: int = 8):
         super().__init__(slip=slip, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-                         max_actions=max_actions, format_penalty=format_penalty)
+                         max_actions=max_actions, format_penalty=format_penalty,
+                         success_reward=success_reward, step_penalty=step_penalty)
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"slip must be in [0, 1], got {slip}")
         if not 2 <= size <= MAX_SIZE:
@@ -122,9 +124,7 @@ class DoorsEnv(TextEnv):
         if action != self.doors[self._player]:
             return 0.0, "locked"
         self._player = self._move(self._player, action)
-        if self._player == self.goal:
-            return 1.0, "success"
-        return 0.0, None
+        return 0.0, "success" if self._player == self.goal else None
 
     # ---- text ------------------------------------------------------------------------------
 

@@ -37,10 +37,12 @@ class FrozenLakeEnv(TextEnv):
     action_names = ACTIONS
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
-                 max_actions: int = 10, format_penalty: float = -0.1, size: int = 4,
+                 max_actions: int = 10, format_penalty: float = -0.1,
+                 success_reward: float | None = None, step_penalty: float | None = None, size: int = 4,
                  p_frozen: float = 0.9, min_path_len: int = 1, scratchpad: str = "path"):
         super().__init__(slip=slip, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-                         max_actions=max_actions, format_penalty=format_penalty)
+                         max_actions=max_actions, format_penalty=format_penalty,
+                         success_reward=success_reward, step_penalty=step_penalty)
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"slip must be in [0, 1], got {slip}")
         if size < 2:
@@ -113,10 +115,10 @@ class FrozenLakeEnv(TextEnv):
         return divmod(int(self._gym.s), self.cols)
 
     def _apply(self, action: str) -> tuple[float, str | None]:
-        _, reward, terminated, _, _ = self._gym.step(ACTIONS.index(action))
+        _, _, terminated, _, _ = self._gym.step(ACTIONS.index(action))  # the goal's reward is added by step()
         if terminated:
-            return float(reward), "success" if self.player == self.goal else "hole"
-        return float(reward), None
+            return 0.0, "success" if self.player == self.goal else "hole"
+        return 0.0, None
 
     # ---- text ------------------------------------------------------------------------------
 

@@ -33,6 +33,8 @@ def env_kwargs(env_cfg, name: str | None = None, *, slip: float | None = None) -
                   max_actions=env_cfg.max_actions, format_penalty=env_cfg.format_penalty)
     if name in SINGLE_TURN:  # they draw validation problems from a held-out share for these seeds
         common["val_seed_start"] = env_cfg.val_seed_start
+    else:
+        common |= dict(success_reward=env_cfg.success_reward, step_penalty=env_cfg.step_penalty)
     return {**common, **asdict(getattr(env_cfg, name))}
 
 

@@ -21,7 +21,7 @@ ACTIONS = ["Up", "Down", "Left", "Right"]
 _DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 _PERPENDICULAR = {"Up": ("Left", "Right"), "Down": ("Left", "Right"),
                   "Left": ("Up", "Down"), "Right": ("Up", "Down")}
-STEP_REWARD, BOX_ON_REWARD, BOX_OFF_REWARD, SOLVED_REWARD = -0.1, 1.0, -1.0, 10.0
+BOX_ON_REWARD, BOX_OFF_REWARD = 1.0, -1.0  # the release's; its -0.1 a step and +10 solved are the class's scale
 # Keeps the slip stream independent of the map stream when both come from the same seed.
 _DYNAMICS_SALT = 0x50_C0
 _MAX_ATTEMPTS = 1000
@@ -83,12 +83,15 @@ class SokobanEnv(TextEnv):
     name = "sokoban"
     template_think = TEMPLATE_THINK
     action_names = ACTIONS
+    success_reward, step_penalty = 10.0, -0.1
 
     def __init__(self, *, slip: float = 0.0, max_turns: int = 5, max_actions_per_turn: int = 2,
-                 max_actions: int = 10, format_penalty: float = -0.1, size: int = 6, num_boxes: int = 1,
+                 max_actions: int = 10, format_penalty: float = -0.1,
+                 success_reward: float | None = None, step_penalty: float | None = None, size: int = 6, num_boxes: int = 1,
                  search_depth: int = 300, max_solution_len: int | None = 10):
         super().__init__(slip=slip, max_turns=max_turns, max_actions_per_turn=max_actions_per_turn,
-                         max_actions=max_actions, format_penalty=format_penalty)
+                         max_actions=max_actions, format_penalty=format_penalty,
+                         success_reward=success_reward, step_penalty=step_penalty)
         if not 0.0 <= slip <= 1.0:
             raise ValueError(f"slip must be in [0, 1], got {slip}")
         if num_boxes != 1:
@@ -186,13 +189,11 @@ class SokobanEnv(TextEnv):
         if self.slip > 0 and self._dyn.random() < self.slip:
             action = _PERPENDICULAR[action][int(self._dyn.integers(2))]
         self.player, self.boxes, pushed_to = _move(self.floor, self.player, self.boxes, action)
-        reward = STEP_REWARD
+        reward = 0.0
         if pushed_to is not None:  # the player now stands where the pushed box was
             reward += (BOX_ON_REWARD * (pushed_to in self.targets)
                        + BOX_OFF_REWARD * (self.player in self.targets))
-        if self.boxes <= self.targets:
-            return reward + SOLVED_REWARD, "success"
-        return reward, None
+        return reward, "success" if self.boxes <= self.targets else None
 
     # ---- text ------------------------------------------------------------------------------
 

@@ -2,14 +2,15 @@
 LoRA adapters injected when ``policy.lora.r > 0``.
 
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
+    ref = load_reference(cfg.algo.kl_reference, cfg.policy, tok)   # None for "init"
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from ragen2_core.policy.lora import apply_lora
-from ragen2_core.policy.model import load_pretrained
-from ragen2_core.policy.warmstart import embedded_policy_path
+from ragen2_core.policy.model import EMBEDDED_MARKER, load_pretrained
+from ragen2_core.policy.warmstart import SHIPPED, embedded_policy_path
 
 
 def resolve_policy_path(policy_cfg, warm_cfg, env_cfg) -> str:
@@ -27,3 +28,31 @@ def load_policy(policy_cfg, warm_cfg, env_cfg):
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
                            target_modules=lora.target_modules)
     return model, tok, Path(path) if Path(path).exists() else path
+
+
+def reference_path(name: str, policy_cfg) -> Path:
+    """Where ``algo.kl_reference`` (a path, or ``embedded-<key>``) is; ValueError naming the fix."""
+    if Path(name).expanduser().is_dir():
+        return Path(name).expanduser()
+    if name.startswith("embedded-"):
+        for root in (Path(policy_cfg.cache_dir).expanduser(), SHIPPED):
+            if (root / name / EMBEDDED_MARKER).exists():
+                return root / name
+    raise ValueError(f"algo.kl_reference: {name!r} is neither a directory nor an embedded-<key> policy in "
+                     f"{policy_cfg.cache_dir} or {SHIPPED}; give init, a policy folder, or build it first "
+                     "(ragen2 warmstart --config ... with the recipe that names it)")
+
+
+def load_reference(name: str, policy_cfg, tok):
+    """The KL reference model for ``algo.kl_reference``, or None for init (the trainer then copies
+    the starting policy). Its tokenizer must be the policy's: the KL compares the two models'
+    log-probs of the same token ids."""
+    if name == "init":
+        return None
+    path = reference_path(name, policy_cfg)
+    model, ref_tok = load_pretrained(str(path), dtype=policy_cfg.dtype)
+    if ref_tok.get_vocab() != tok.get_vocab():
+        raise ValueError(f"algo.kl_reference: {str(path)!r} has another tokenizer than the policy, so the two "
+                         "models' log-probs of one token sequence are not comparable; give a policy trained "
+                         "from the same tokenizer")
+    return model

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ragen2_core.config import RL_ONLY_ENV_FIELDS, trace_env
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.model import EMBEDDED_MARKER, build_tiny_qwen2, count_parameters, save_policy
 from ragen2_core.policy.tokenizer import train_tokenizer
@@ -76,9 +77,12 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
     # Sections of envs added after the grid envs enter the key only when their traces are used, so
     # adding an env to the config does not invalidate the policies already cached.
     unused = [name for name in LATER_ENVS if name not in warm_cfg.envs]
+    # The key follows the env the traces are played in (warmstart.env over the run's), so a run on
+    # harder maps than its warm start's still finds that policy.
     shape = {"version": FORMAT_VERSION, "policy": asdict(policy_cfg), "warmstart": asdict(warm_cfg),
-             "env": {k: v for k, v in asdict(env_cfg).items()
-                     if k not in ("name", "slip", "val_seeds", "val_seed_start", *unused)}}
+             "env": {k: v for k, v in asdict(trace_env(env_cfg, warm_cfg.env)).items()
+                     if k not in (*RL_ONLY_ENV_FIELDS, *unused)}}
+    shape["warmstart"].pop("env")
     shape["policy"].pop("cache_dir")
     shape["policy"].pop("model")
     # Adapters are injected when training starts (policy/load.py); the warm start never sees them.
@@ -123,7 +127,7 @@ def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = 
     rng = random.Random(warm_cfg.seed + seed_base)
     episodes = []
     for name in warm_cfg.envs:
-        env = env_factory(env_cfg, name, slip=0.0)()
+        env = env_factory(trace_env(env_cfg, warm_cfg.env), name)()
         for i in range(n_per_env):
             style = "grounded" if rng.random() < warm_cfg.grounded_frac else "template"
             episodes.append(expert_episode(env, seed_base + i, style, fmt))
@@ -202,7 +206,7 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
     # The corpus also sees the grounded style for every env, whatever grounded_frac is.
     texts = [c + r for ep in corpus_eps for c, r in ep]
     for name in warm_cfg.envs:
-        env = env_factory(env_cfg, name, slip=0.0)()
+        env = env_factory(trace_env(env_cfg, warm_cfg.env), name)()
         env.reset(0)
         texts.append(env.expert_turn("grounded").think + env.expert_turn("template").think)
         texts.append(env.step("no tags").observation)

@@ -280,11 +280,14 @@ class TrainEngine:
         return masters
 
 
-def reference_policy(model: torch.nn.Module):
-    """The KL term's reference, built before the actor's TrainEngine: for a LoRA policy the same
-    model with its adapters switched off (no copy; its base weights never train), else a frozen
-    copy of the starting model."""
+def reference_policy(model: torch.nn.Module, other: torch.nn.Module | None = None):
+    """The KL term's reference, built before the actor's TrainEngine: ``other`` frozen when given
+    (``algo.kl_reference``: a policy other than the start), else for a LoRA policy the same model
+    with its adapters switched off (no copy; its base weights never train), else a frozen copy of
+    the starting model."""
     from ragen2_core.policy.lora import AdaptersOff, has_adapters
+    if other is not None:
+        return FrozenModel(other)
     return AdapterOffReference(AdaptersOff(model)) if has_adapters(model) else FrozenModel(model)
 
 

@@ -4,7 +4,7 @@ run, process group, DeepSpeed): each problem is a message naming the field or fi
     problems = preflight(cfg)          # [] when the run may start; `ragen2 train` exits 2 otherwise
 
 Covered: the env can be built as configured (data files exist and parse, the code sandbox is
-available), ``train.output_dir`` is not a file, and no stale lock blocks DeepSpeed's op builds
+available), ``algo.kl_reference`` names a policy that exists, ``train.output_dir`` is not a file, and no stale lock blocks DeepSpeed's op builds
 under the torch extensions cache (a build killed half-way leaves one, and every later start would
 wait on it forever).
 """
@@ -24,6 +24,7 @@ def preflight(cfg) -> list[str]:
     if out.exists() and not out.is_dir():
         problems.append(f"train.output_dir: {str(out)!r} is a file; give a directory path")
     problems += _env_problems(cfg)
+    problems += _reference_problems(cfg)
     problems += build_lock_problems()
     return problems
 
@@ -35,6 +36,17 @@ def _env_problems(cfg) -> list[str]:
         env_factory(cfg.env)()
     except (ValueError, OSError, RuntimeError) as e:  # bad data file, missing file, no sandbox
         return [f"env.{cfg.env.name}: {e}"]
+    return []
+
+
+def _reference_problems(cfg) -> list[str]:
+    if cfg.algo.kl_reference == "init":
+        return []
+    from ragen2_core.policy.load import reference_path
+    try:
+        reference_path(cfg.algo.kl_reference, cfg.policy)
+    except ValueError as e:
+        return [str(e)]
     return []
 
 

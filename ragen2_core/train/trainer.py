@@ -31,7 +31,7 @@ from ragen2_core.config import SINGLE_TURN_ENVS, config_hash, dump_yaml, flatten
 from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.metrics.collapse import collapse_metrics, ema_state
-from ragen2_core.policy.load import load_policy
+from ragen2_core.policy.load import load_policy, load_reference
 from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
 from ragen2_core.rollout.engine import SamplingParams, rollout
@@ -253,7 +253,8 @@ def setup(cfg, sink) -> Run:
 
     model, tok, policy_path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
-    reference = reference_policy(model) if objective.uses_reference else None
+    reference = (reference_policy(model, load_reference(cfg.algo.kl_reference, cfg.policy, tok))
+                 if objective.uses_reference else None)
     n_rows = rcfg.n_groups * rcfg.group_size
     micro = max(1, -(-n_rows // (algo.mini_batches * cfg.train.grad_accum)))
     engine_kw = dict(zero_stage=cfg.train.zero_stage, grad_accum=cfg.train.grad_accum,
@@ -368,9 +369,12 @@ def filter_groups(r: Run, step: int, batch: RolloutBatch, group_rewards: torch.T
         row_weight = soft_group_weights(group_rewards, statistic=fcfg.statistic).float()[torch.tensor(batch.group_ids)]
     sel = Selection(keep=keep, kept_rows=kept_rows, scale=loss_scale_factor(kept_ratio, mode=fcfg.loss_scale),
                     row_weight=row_weight)
+    dropped = spread[~keep]  # what the filter removed: NaN on a step that kept every group
     return sel, {"filter/kept_ratio": kept_ratio, "filter/kept_groups": int(keep.sum()),
                  "filter/zero_std_groups": int(zero_spread(group_rewards).sum()),
                  "filter/kept_group_reward_std": float(spread[keep].mean()) if keep.any() else 0.0,
+                 "filter/dropped_group_reward_std": float(dropped.mean()) if len(dropped) else float("nan"),
+                 "filter/dropped_group_reward_std_max": float(dropped.max()) if len(dropped) else float("nan"),
                  "filter/value": value}
 
 

@@ -221,3 +221,34 @@ def test_expert_success_matches_playing_the_expert():
     stuck.step(_reply(stuck.solve()[:2]))
     stuck.slip = 0.25
     assert stuck.expert_success() < exact
+
+
+def test_shaped_rewards_pay_per_action_and_at_the_goal():
+    """Sokoban's scale on doors: +10 at the goal, -0.1 per action taken. Seed 5's chain walked two
+    moves a turn: each full turn pays 2 x -0.1 = -0.2, the last pays -0.1 per move + 10."""
+    env = DoorsEnv(success_reward=10.0, step_penalty=-0.1)
+    env.reset(5)
+    plan = env.solve()
+    rewards = [env.step(_reply(plan[i:i + 2])).reward for i in range(0, len(plan), 2)]
+    last_moves = len(plan) - 2 * (len(rewards) - 1)
+    assert rewards[:-1] == [pytest.approx(-0.2)] * (len(rewards) - 1)
+    assert rewards[-1] == pytest.approx(10.0 - 0.1 * last_moves)
+    # A locked door costs its step and ends the episode; an unparsable reply costs the format
+    # penalty alone (no action is taken). So all-fail groups differ in reward, as in the release.
+    env.reset(11)
+    wrong = next(a for a in ACTIONS if a != env.doors[env.start])
+    assert env.step(_reply([wrong])).reward == pytest.approx(-0.1)
+    env.reset(11)
+    assert env.step("no tags").reward == pytest.approx(-0.1)
+    assert env.step(_reply([env.doors[env.start], wrong])).reward == pytest.approx(-0.2)
+
+
+def test_shaping_comes_from_the_config_and_is_refused_where_it_means_nothing():
+    env = env_factory(load_config("sweeps/base/doors.yaml", ["env.success_reward=10", "env.step_penalty=-0.1"]).env)()
+    assert (env.success_reward, env.step_penalty) == (10.0, -0.1)
+    default = env_factory(load_config("sweeps/base/doors.yaml").env)()
+    assert (default.success_reward, default.step_penalty) == (1.0, 0.0)
+    with pytest.raises(ConfigError, match=r"env.step_penalty: 0.1 is out of range; it must be <= 0"):
+        load_config("sweeps/base/doors.yaml", ["env.step_penalty=0.1"])
+    with pytest.raises(ConfigError, match=r"success_reward \(2.0\) has no meaning for the single-turn env math"):
+        load_config(None, ["env.name=math", "env.success_reward=2"])

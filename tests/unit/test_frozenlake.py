@@ -235,3 +235,10 @@ def test_scan_expert_is_as_short_as_bfs_and_always_solves():
 def test_scratchpad_must_be_known():
     with pytest.raises(ValueError, match="scratchpad"):
         FrozenLakeEnv(scratchpad="essay")
+
+
+def test_shaped_rewards_on_the_lake():
+    # P_G: two moves right, -0.05 each, +3 at the goal.
+    env = FrozenLakeEnv.from_grid(["P_G"], success_reward=3.0, step_penalty=-0.05)
+    assert env.step(reply("Right")).reward == pytest.approx(-0.05)
+    assert env.step(reply("Right")).reward == pytest.approx(3.0 - 0.05)

@@ -116,7 +116,9 @@ def test_scratchpad_enters_the_cache_key_only_when_it_changes_the_traces():
     shape = {"version": warmstart.FORMAT_VERSION, "policy": dataclasses.asdict(base.policy),
              "warmstart": dataclasses.asdict(base.warmstart),
              "env": {k: v for k, v in dataclasses.asdict(base.env).items()
-                     if k not in ("name", "slip", "val_seeds", "val_seed_start", "math", "code", "doors")}}
+                     if k not in ("name", "slip", "val_seeds", "val_seed_start", "math", "code", "doors",
+                                  "success_reward", "step_penalty")}}
+    del shape["warmstart"]["env"]  # stands for the traces' env, which is the run's when empty
     del shape["policy"]["cache_dir"], shape["policy"]["model"], shape["env"]["frozenlake"]["scratchpad"]
     del shape["policy"]["chat_template"]  # out of the key at auto, for the same reason
     del shape["policy"]["lora"], shape["warmstart"]["init_from"]  # adapters come later; init_from at scratch
@@ -184,3 +186,35 @@ def test_curriculum_builds_its_grounded_stage_first_and_continues_from_it(tmp_pa
     assert warmstart.cache_key(*_sections(tiny_cfg(tmp_path))) != path.name.split("-")[1]
     with pytest.raises(ConfigError, match=r"grounded_steps=2 with grounded_frac=1.0: .*set grounded_steps=0"):
         tiny_cfg(tmp_path, "warmstart.grounded_steps=2", "warmstart.grounded_frac=1.0")
+
+
+def test_rl_time_env_fields_leave_the_key_and_warmstart_env_moves_it():
+    """Rewards and slip are RL-time settings (the traces are played at slip 0 and the env's own
+    reward scale), so changing them finds the same policy; warmstart.env changes the traces' maps,
+    and with them the key, unless it restates the run's env."""
+    doors = load_config("sweeps/base/doors.yaml")
+    key = warmstart.cache_key(doors.policy, doors.warmstart, doors.env)
+    assert key == "02725ad36373"  # the shipped doors policy
+    shaped = load_config("sweeps/base/doors.yaml", ["env.success_reward=10", "env.step_penalty=-0.1",
+                                                    "env.slip=0.25"])
+    assert warmstart.cache_key(shaped.policy, shaped.warmstart, shaped.env) == key
+    harder = load_config("sweeps/base/doors.yaml", ["env.doors.min_path_len=5", "env.doors.max_path_len=7"])
+    assert warmstart.cache_key(harder.policy, harder.warmstart, harder.env) != key
+    pinned = load_config("sweeps/base/doors.yaml", ["env.doors.min_path_len=5", "env.doors.max_path_len=7",
+                                                    "warmstart.env.doors.min_path_len=3",
+                                                    "warmstart.env.doors.max_path_len=5"])
+    assert warmstart.cache_key(pinned.policy, pinned.warmstart, pinned.env) == key
+
+
+def test_traces_are_played_in_the_warmstart_env():
+    cfg = load_config("sweeps/base/doors.yaml", ["env.doors.min_path_len=6", "env.doors.max_path_len=8",
+                                                 "warmstart.env.doors.min_path_len=3",
+                                                 "warmstart.env.doors.max_path_len=3",
+                                                 "env.success_reward=10", "warmstart.grounded_frac=1.0",
+                                                 "warmstart.grounded_steps=0"])
+    episodes = warmstart._traces(cfg.warmstart, cfg.env, 20, seed_base=0)
+    for ep in episodes:
+        # A 3-door path is walked in two turns (2 + 1 moves); the second turn's prompt shows the
+        # first turn's reward at the env's own scale (0), never the run's success_reward.
+        assert len(ep) == 2
+        assert "Reward: 0\n" in ep[1][0]

@@ -198,3 +198,10 @@ def test_system_prompt_is_short_and_uses_the_real_budget():
     assert "up to 10 actions in total, at most 2 per turn" in prompt.lower()
     assert "<answer>Right || Up</answer>" in prompt and "zero-indexed" in prompt and "push" in prompt
     assert 60 <= len(prompt.split()) <= 90 and len(SokobanEnv(slip=0.3).system_prompt().split()) <= 90
+
+
+def test_the_release_scale_is_the_default_and_a_config_can_change_it():
+    # Two moves solve CORRIDOR: 2 x step + box on target + solved.
+    assert SokobanEnv.from_grid(CORRIDOR).step(reply("Right", "Right")).reward == pytest.approx(-0.2 + 1 + 10)
+    flat = SokobanEnv.from_grid(CORRIDOR, success_reward=1.0, step_penalty=0.0)
+    assert flat.step(reply("Right", "Right")).reward == pytest.approx(0 + 1 + 1)
