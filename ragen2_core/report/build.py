@@ -183,7 +183,7 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
     result = analyse(sweep, baseline, include_running)
     prov = provenance(sweep)
     pages = (figures.title_page(sweep, result, prov) + figures.table_pages(result) + figures.curve_pages(sweep)
-             + figures.dose_pages(result, sweep.arms) + figures.comparison_pages(result)
+             + figures.filter_pages(sweep) + figures.dose_pages(result, sweep.arms) + figures.comparison_pages(result)
              + figures.predictor_pages(result, sweep.arms) + figures.example_pages(examples(sweep, result))
              + figures.cost_pages(sweep, result) + figures.robust_pages(sweep, result))
     out = Path(out_path)

@@ -33,7 +33,9 @@ from ragen2_core.tracking.mlflow_sink import search_all_runs
 
 METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore",
            "collapse/mi_perm_zscore_ema", "actor/entropy",
-           "filter/kept_ratio", "rollout/think_tokens", "rollout/template_frac", "eval/template_frac",
+           "filter/kept_ratio", "filter/kept_groups", "filter/kept_group_reward_std",
+           "filter/dropped_group_reward_std", "filter/dropped_group_reward_std_max",
+           "rollout/think_tokens", "rollout/template_frac", "eval/template_frac",
            "eval/success_grounded", "eval/success_template", "actor/reg_to_task_grad_ratio",
            "rollout/frac_zero_std_groups", "cost/cum_rollout_tokens", "cost/cum_wall_s")
 PARENT = "mlflow.parentRunId"

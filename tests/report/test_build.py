@@ -12,7 +12,7 @@ from scipy import stats as sps
 from sweep_fixture import EXPERIMENT, FINAL, write_sweep
 from ragen2_core.report.build import build, main
 
-PAGES = 16  # title, main table, 8 learning-curve metrics, 1 dose axis, comparison, predictors, examples, cost, robust
+PAGES = 17  # title, table, 8 curve metrics, filter, 1 dose axis, comparison, predictors, examples, cost, robust
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -1,0 +1,108 @@
+"""Did a run collapse, and when? The criterion of docs/reproduction.md Part 3, fixed before its pilots.
+
+Per-step readings are noisy (64 rollouts a step, 8 x 4 reasonings an MI reading), so both signals
+are smoothed first: the template share over windows of 4 consecutive logged steps, MI over pairs of
+consecutive readings. A run *collapses* at the first window whose template share is at least `rise`
+above the lowest earlier window, or the first pair whose MI is at least `fall` below the highest
+earlier pair, while validation success is below `ceiling` (a policy that has solved the task may
+write what it likes). Success is read at the last validation at or before the window's end; before
+the first validation the run counts as below the ceiling (every setting here starts far below it).
+
+    from ragen2_core.report.onset import collapse_onset
+    o = collapse_onset(trial.curve("rollout/template_frac"), trial.curve("collapse/mi"),
+                       trial.curve("eval/success"))
+    o.collapsed, o.signal, o.step, o.template_rise, o.mi_fall
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+Curve = tuple[list[int], list[float]]  # (steps, values), as Trial.curve returns
+
+RISE, FALL, CEILING = 0.2, 0.3, 0.9
+TEMPLATE_WINDOW, MI_WINDOW = 4, 2
+
+
+@dataclass(frozen=True)
+class Onset:
+    collapsed: bool
+    signal: str | None          # "template" or "mi": which crossed first (template on a tie)
+    step: int | None            # the last step of the window where it crossed
+    template_rise: float        # the largest rise of a window above the lowest earlier one (nan: < 2 windows)
+    mi_fall: float              # the largest fall of a pair below the highest earlier one (nan: < 2 pairs)
+
+
+def windows(curve: Curve, width: int) -> list[tuple[int, float]]:
+    """(last step, mean) of consecutive windows of ``width`` logged values, NaNs left out; a last,
+    shorter window is dropped (its mean would be noisier than the rest)."""
+    steps, values = curve
+    out = []
+    for i in range(0, len(values) - width + 1, width):
+        chunk = [v for v in values[i:i + width] if not math.isnan(v)]
+        if chunk:
+            out.append((steps[i + width - 1], sum(chunk) / len(chunk)))
+    return out
+
+
+def _success_at(success: Curve, step: int) -> float:
+    seen = [v for s, v in zip(*success) if s <= step]
+    return seen[-1] if seen else 0.0
+
+
+def _first_crossing(points: list[tuple[int, float]], sign: int, size: float, success: Curve, ceiling: float):
+    """(step of the first point at least ``size`` beyond the extreme of the earlier points in
+    direction ``sign`` (+1: above the lowest, -1: below the highest) while below the ceiling, the
+    largest such excursion)."""
+    first, largest, extreme = None, float("nan"), None
+    for step, v in points:
+        if extreme is not None:
+            move = sign * (v - extreme)
+            largest = move if math.isnan(largest) else max(largest, move)
+            if first is None and move >= size - 1e-12 and _success_at(success, step) < ceiling:
+                first = step
+        extreme = v if extreme is None else (min(extreme, v) if sign > 0 else max(extreme, v))
+    return first, largest
+
+
+def collapse_onset(template: Curve, mi: Curve, success: Curve, *, rise: float = RISE, fall: float = FALL,
+                   ceiling: float = CEILING) -> Onset:
+    t_step, t_rise = _first_crossing(windows(template, TEMPLATE_WINDOW), +1, rise, success, ceiling)
+    m_step, m_fall = _first_crossing(windows(mi, MI_WINDOW), -1, fall, success, ceiling)
+    crossings = [(s, name) for s, name in ((t_step, "template"), (m_step, "mi")) if s is not None]
+    step, signal = min(crossings, key=lambda c: (c[0], c[1] != "template")) if crossings else (None, None)
+    return Onset(collapsed=step is not None, signal=signal, step=step, template_rise=t_rise, mi_fall=m_fall)
+
+
+def _mean(values) -> float:
+    values = [v for v in values if not math.isnan(v)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
+
+
+def trial_rows(sweep) -> list[str]:
+    """One Markdown row per trial (running ones too, marked): how its template share and MI moved,
+    its validations, how much the filter kept and how many groups had no spread, and the verdict."""
+    rows = ["| arm | seed | steps | template share: first → lowest → last window (largest rise) | "
+            "MI: first → highest → last pair, nats (largest fall) | validation success | kept fraction | "
+            "zero-spread groups, last quarter | collapsed |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in sorted(sweep.trials, key=lambda t: (sweep.arms.index(t.arm), t.condition, str(t.seed))):
+        template, mi, success = t.curve("rollout/template_frac"), t.curve("collapse/mi"), t.curve("eval/success")
+        o = collapse_onset(template, mi, success)
+        tw, mw = [v for _, v in windows(template, TEMPLATE_WINDOW)], [v for _, v in windows(mi, MI_WINDOW)]
+        zero = t.curve("rollout/frac_zero_std_groups")[1]
+        verdict = f"**yes**: {o.signal} at step {o.step}" if o.collapsed else "no"
+        status = "" if t.status == "FINISHED" else f" ({t.status.lower()})"
+        rows.append(
+            f"| {t.arm}{'' if t.condition == 'all' else ' ' + t.condition} | {t.seed} | {t.last_step()}{status} | "
+            f"{_f(tw[0]) if tw else '-'} → {_f(min(tw)) if tw else '-'} → {_f(tw[-1]) if tw else '-'} "
+            f"({_f(o.template_rise)}) | "
+            f"{_f(mw[0]) if mw else '-'} → {_f(max(mw)) if mw else '-'} → {_f(mw[-1]) if mw else '-'} ({_f(o.mi_fall)}) | "
+            f"{' '.join(f'{100 * v:.1f}' for v in success[1]) or '-'} | "
+            f"{_f(_mean(t.curve('filter/kept_ratio')[1]))} | {_f(_mean(zero[-max(1, len(zero) // 4):]) if zero else float('nan'))} | "
+            f"{verdict} |")
+    return rows

@@ -1,0 +1,42 @@
+"""Per trial of a sweep: did it collapse by the criterion of docs/reproduction.md Part 3, and how
+its template share, MI, validation success, kept fraction and zero-spread share moved. Running
+trials are included (marked), so a sweep can be watched while it runs.
+
+    python reports/onset.py p1_shaped [p2_template_kl ...] [--tracking-uri URI]
+    python reports/onset.py docs/data/mechanism/p1_shaped.json.gz
+
+Exit status: 0 printed; 2 an unknown experiment or a bad archive.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
+from ragen2_core.report.collect import UnknownExperiment  # noqa: E402
+from ragen2_core.report.onset import trial_rows  # noqa: E402
+from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments) or archives (*.json.gz)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    args = parser.parse_args(argv)
+    uri = args.tracking_uri or default_tracking_uri()
+    for name in args.experiments:
+        try:
+            sweep = open_sweep(name, uri)
+        except (UnknownExperiment, BadArchive, ValueError) as e:
+            print(e, file=sys.stderr)
+            return 2
+        print(f"### {sweep.experiment}\n")
+        print("\n".join(trial_rows(sweep)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
