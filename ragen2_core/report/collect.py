@@ -31,7 +31,7 @@ from mlflow.tracking import MlflowClient
 
 from ragen2_core.tracking.mlflow_sink import search_all_runs
 
-METRICS = ("eval/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore",
+METRICS = ("eval/success", "rollout/success", "collapse/mi", "collapse/mi_zscore", "collapse/mi_zscore_ema", "collapse/mi_perm_zscore",
            "collapse/mi_perm_zscore_ema", "actor/entropy",
            "filter/kept_ratio", "filter/kept_groups", "filter/kept_group_reward_std",
            "filter/dropped_group_reward_std", "filter/dropped_group_reward_std_max",

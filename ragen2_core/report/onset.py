@@ -74,6 +74,62 @@ def collapse_onset(template: Curve, mi: Curve, success: Curve, *, rise: float = 
     return Onset(collapsed=step is not None, signal=signal, step=step, template_rise=t_rise, mi_fall=m_fall)
 
 
+# ----------------------------------------------------------------------------- alarms
+
+@dataclass(frozen=True)
+class Alarm:
+    """A monitor on one logged signal: it fires at the first reading of ``patience`` in a row that
+    are below ``level`` (absolute), or below ``relative`` x the highest earlier reading."""
+    metric: str
+    level: float | None = None
+    relative: float | None = None
+    patience: int = 3
+    window: int = 1             # average this many consecutive logged values first (per-step signals)
+
+
+# Fixed before the Part 3 study ran (docs/reproduction.md): the shipped alert, the release's
+# statistic with a relative threshold (an effect size has no absolute scale), and the usual
+# entropy-collapse monitor.
+ALARMS = (Alarm("collapse/mi_perm_zscore_ema", level=2.0),
+          Alarm("collapse/mi_zscore_ema", relative=0.5),
+          Alarm("actor/entropy", relative=0.5, window=4))
+
+
+def alarm_step(curve: Curve, alarm: Alarm) -> int | None:
+    """The step at which ``alarm`` fires on ``curve``, or None."""
+    points = windows(curve, alarm.window) if alarm.window > 1 else list(zip(*curve))
+    run, peak = 0, None
+    for step, v in points:
+        if math.isnan(v):
+            continue
+        low = (alarm.level is not None and v < alarm.level) or (
+            alarm.relative is not None and peak is not None and v < alarm.relative * peak)
+        run = run + 1 if low else 0
+        if run >= alarm.patience:
+            return step
+        peak = v if peak is None else max(peak, v)
+    return None
+
+
+def success_fall_step(success: Curve, *, fraction: float = 0.5, width: int = TEMPLATE_WINDOW) -> int | None:
+    """The first window of ``width`` logged values of training success (``rollout/success``) at or
+    below ``fraction`` of the highest earlier window, or None."""
+    peak = None
+    for step, v in windows(success, width):
+        if peak is not None and peak > 0 and v <= fraction * peak:
+            return step
+        peak = v if peak is None else max(peak, v)
+    return None
+
+
+def failure_step(template: Curve, eval_success: Curve, train_success: Curve) -> int | None:
+    """When a run's collapse became visible in behaviour: the earlier of the template share's rise
+    (``collapse_onset``'s template criterion) and training success falling to half its best."""
+    t = collapse_onset(template, ([], []), eval_success)
+    steps = [s for s in (t.step, success_fall_step(train_success)) if s is not None]
+    return min(steps) if steps else None
+
+
 def _mean(values) -> float:
     values = [v for v in values if not math.isnan(v)]
     return sum(values) / len(values) if values else float("nan")

@@ -49,3 +49,29 @@ def test_template_wins_a_tie_and_the_earlier_signal_is_reported():
     early_mi = curve([2.0, 2.0, 1.5, 1.5], start=1, every=1)         # crosses at step 4
     o = collapse_onset(template, early_mi, curve([]))
     assert (o.signal, o.step) == ("mi", 4)
+
+
+def test_alarm_absolute_and_relative_with_patience():
+    from ragen2_core.report.onset import Alarm, alarm_step
+    # Permutation z-score EMA every 4 steps: 5, 3, 1.9, 2.1, 1.5, 1.2, 0.8 -> below 2 at steps 9,
+    # 17, 21, 25; three in a row first at step 25 (the 2.1 at 13 resets the count).
+    z = curve([5, 3, 1.9, 2.1, 1.5, 1.2, 0.8], every=4)
+    assert alarm_step(z, Alarm("z", level=2.0)) == 25
+    # Relative to the highest earlier reading: 1.0, 2.0, 0.9, 0.8, 0.7 -> half of 2.0 is 1.0, so
+    # 0.9 (step 3), 0.8, 0.7 are low: fires at step 5. The first reading has no earlier peak.
+    assert alarm_step(curve([1.0, 2.0, 0.9, 0.8, 0.7]), Alarm("r", relative=0.5)) == 5
+    assert alarm_step(curve([1.0, 2.0, 0.9, 0.8, 1.1]), Alarm("r", relative=0.5)) is None
+    # Windows of 4 per-step values first: [0.1]*4 -> 0.1, then three windows of 0.04 < 0.05.
+    ent = curve([0.1] * 4 + [0.04] * 12)
+    assert alarm_step(ent, Alarm("e", relative=0.5, window=4)) == 16
+
+
+def test_success_fall_and_failure_step():
+    from ragen2_core.report.onset import failure_step, success_fall_step
+    # Windows 0.20, 0.16, 0.10 (half of the best 0.20) at step 12.
+    train = curve([0.2] * 4 + [0.16] * 4 + [0.1] * 4)
+    assert success_fall_step(train) == 12
+    # The template rises 0.2 above its lowest window at step 8, before success halves.
+    template = curve([0.3] * 4 + [0.5] * 4 + [0.5] * 4)
+    assert failure_step(template, curve([]), train) == 8
+    assert failure_step(curve([0.3] * 12), curve([]), curve([0.2] * 12)) is None
