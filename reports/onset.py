@@ -4,6 +4,11 @@ trials are included (marked), so a sweep can be watched while it runs.
 
     python reports/onset.py p1_shaped [p2_template_kl ...] [--tracking-uri URI]
     python reports/onset.py docs/data/mechanism/p1_shaped.json.gz
+    python reports/onset.py --alarms docs/data/mechanism/*.json.gz     # monitors' lead times, pooled
+
+With --alarms, also the three monitors of `ALARMS` over the finished trials of all the sweeps named:
+how many collapses each caught before they showed in behaviour, by how many steps, how many it
+missed, and how often it fired in trials that did not collapse.
 
 Exit status: 0 printed; 2 an unknown experiment or a bad archive.
 """
@@ -17,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
 from ragen2_core.report.collect import UnknownExperiment  # noqa: E402
-from ragen2_core.report.onset import trial_rows  # noqa: E402
+from ragen2_core.report.onset import alarm_rows, trial_rows  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
 
@@ -25,8 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments) or archives (*.json.gz)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
+    parser.add_argument("--alarms", action="store_true", help="also the monitors' lead times over all finished trials")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
+    finished = []
     for name in args.experiments:
         try:
             sweep = open_sweep(name, uri)
@@ -35,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"### {sweep.experiment}\n")
         print("\n".join(trial_rows(sweep)) + "\n")
+        finished += [t for t in sweep.trials if t.status == "FINISHED"]
+    if args.alarms:
+        print(f"### Monitors over {len(finished)} finished trials\n")
+        print("\n".join(alarm_rows(finished)) + "\n")
     return 0
 
 

@@ -111,22 +111,23 @@ def alarm_step(curve: Curve, alarm: Alarm) -> int | None:
     return None
 
 
-def success_fall_step(success: Curve, *, fraction: float = 0.5, width: int = TEMPLATE_WINDOW) -> int | None:
-    """The first window of ``width`` logged values of training success (``rollout/success``) at or
-    below ``fraction`` of the highest earlier window, or None."""
-    peak = None
-    for step, v in windows(success, width):
-        if peak is not None and peak > 0 and v <= fraction * peak:
+def success_fall_step(success: Curve, *, drop: float = 0.05) -> int | None:
+    """The first validation at least ``drop`` below the best earlier one, or None. Validation (the
+    same fixed episodes every time, 1,000 in the Part 3 study) is the precise reading of success;
+    training success over a few steps swings by half at rates near 0.15."""
+    best = None
+    for step, v in zip(*success):
+        if best is not None and v <= best - drop:
             return step
-        peak = v if peak is None else max(peak, v)
+        best = v if best is None else max(best, v)
     return None
 
 
-def failure_step(template: Curve, eval_success: Curve, train_success: Curve) -> int | None:
-    """When a run's collapse became visible in behaviour: the earlier of the template share's rise
-    (``collapse_onset``'s template criterion) and training success falling to half its best."""
+def failure_step(template: Curve, eval_success: Curve) -> int | None:
+    """When a run's collapse showed in behaviour: the earlier of the template share's rise
+    (``collapse_onset``'s template criterion) and validation success falling below its best."""
     t = collapse_onset(template, ([], []), eval_success)
-    steps = [s for s in (t.step, success_fall_step(train_success)) if s is not None]
+    steps = [s for s in (t.step, success_fall_step(eval_success)) if s is not None]
     return min(steps) if steps else None
 
 
@@ -161,4 +162,43 @@ def trial_rows(sweep) -> list[str]:
             f"{' '.join(f'{100 * v:.1f}' for v in success[1]) or '-'} | "
             f"{_f(_mean(t.curve('filter/kept_ratio')[1]))} | {_f(_mean(zero[-max(1, len(zero) // 4):]) if zero else float('nan'))} | "
             f"{verdict} |")
+    return rows
+
+
+def alarm_summary(trials, alarms=ALARMS) -> list[dict]:
+    """Per alarm, over ``trials``: lead times (failure step minus alarm step) of the collapsed trials
+    it caught in time, how many collapsed trials it missed (no alarm, or one after the failure), and
+    how many of the trials that did not collapse it fired in (false alarms)."""
+    failed = {id(t): failure_step(t.curve("rollout/template_frac"), t.curve("eval/success")) for t in trials}
+    out = []
+    for alarm in alarms:
+        leads, missed, false, quiet = [], 0, 0, 0
+        for t in trials:
+            fired, fail = alarm_step(t.curve(alarm.metric), alarm), failed[id(t)]
+            if fail is None:
+                quiet += 1
+                false += fired is not None
+            elif fired is not None and fired <= fail:
+                leads.append(fail - fired)
+            else:
+                missed += 1
+        out.append({"alarm": alarm, "collapsed": len(leads) + missed, "caught": len(leads), "leads": leads,
+                    "missed": missed, "quiet": quiet, "false_alarms": false})
+    return out
+
+
+def describe_alarm(a: Alarm) -> str:
+    level = f"< {a.level:g}" if a.level is not None else f"< {a.relative:g} x its highest earlier reading"
+    over = f" ({a.window}-step windows)" if a.window > 1 else ""
+    return f"`{a.metric}`{over} {level}, {a.patience} in a row"
+
+
+def alarm_rows(trials, alarms=ALARMS) -> list[str]:
+    rows = ["| monitor | collapsed trials caught in time | lead time, steps (median, range) | missed | "
+            "false alarms (trials that did not collapse) |", "| --- | --- | --- | --- | --- |"]
+    for r in alarm_summary(trials, alarms):
+        leads = sorted(r["leads"])
+        lead = f"{leads[len(leads) // 2]} ({leads[0]}-{leads[-1]})" if leads else "-"
+        rows.append(f"| {describe_alarm(r['alarm'])} | {r['caught']} of {r['collapsed']} | {lead} | {r['missed']} | "
+                    f"{r['false_alarms']} of {r['quiet']} |")
     return rows

@@ -68,10 +68,36 @@ def test_alarm_absolute_and_relative_with_patience():
 
 def test_success_fall_and_failure_step():
     from ragen2_core.report.onset import failure_step, success_fall_step
-    # Windows 0.20, 0.16, 0.10 (half of the best 0.20) at step 12.
-    train = curve([0.2] * 4 + [0.16] * 4 + [0.1] * 4)
-    assert success_fall_step(train) == 12
-    # The template rises 0.2 above its lowest window at step 8, before success halves.
+    # Validations 0.21, 0.24, 0.20, 0.18: 0.18 is the first at least 0.05 below the best (0.24).
+    val = curve([0.21, 0.24, 0.20, 0.18], start=20, every=20)
+    assert success_fall_step(val) == 80
+    # The template rises 0.2 above its lowest window at step 8, before success falls.
     template = curve([0.3] * 4 + [0.5] * 4 + [0.5] * 4)
-    assert failure_step(template, curve([]), train) == 8
-    assert failure_step(curve([0.3] * 12), curve([]), curve([0.2] * 12)) is None
+    assert failure_step(template, val) == 8
+    assert failure_step(curve([0.3] * 12), val) == 80
+    assert failure_step(curve([0.3] * 12), curve([0.2, 0.3], start=20, every=20)) is None
+
+
+class FakeTrial:
+    def __init__(self, **curves):
+        self.curves = curves
+
+    def curve(self, metric):
+        return self.curves.get(metric, ([], []))
+
+
+def test_alarm_summary_counts_leads_misses_and_false_alarms():
+    from ragen2_core.report.onset import Alarm, alarm_summary
+    z = "collapse/mi_perm_zscore_ema"
+    rising = curve([0.3] * 4 + [0.5] * 4)                  # template criterion met at step 8
+    flat = curve([0.3] * 8)
+    trials = [
+        FakeTrial(**{"rollout/template_frac": rising, z: curve([1.0, 1.0, 1.0], every=2)}),   # fires at 5: lead 3
+        FakeTrial(**{"rollout/template_frac": rising, z: curve([5.0] * 4 + [1.0] * 3)}),     # fires at 7: lead 1
+        FakeTrial(**{"rollout/template_frac": rising, z: curve([5.0] * 8 + [1.0] * 3)}),     # at 11: too late
+        FakeTrial(**{"rollout/template_frac": flat, z: curve([1.0] * 3)}),                   # false alarm
+        FakeTrial(**{"rollout/template_frac": flat, z: curve([5.0] * 3)}),                   # quiet
+    ]
+    (r,) = alarm_summary(trials, (Alarm(z, level=2.0),))
+    assert (r["collapsed"], r["caught"], sorted(r["leads"]), r["missed"]) == (3, 2, [1, 3], 1)
+    assert (r["quiet"], r["false_alarms"]) == (2, 1)
