@@ -38,7 +38,7 @@ def page(title: str, subtitle: str = "") -> Figure:
     fig = Figure(figsize=A4)
     fig.text(0.04, 0.95, title, fontsize=16, weight="bold", va="top")
     if subtitle:
-        fig.text(0.04, 0.905, subtitle, fontsize=9, va="top", color="0.3")
+        fig.text(0.04, 0.905, textwrap.fill(subtitle, 150), fontsize=9, va="top", color="0.3")
     return fig
 
 
@@ -291,7 +291,7 @@ def _kept_panel(ax, cell: dict, color) -> None:
     counted = cell["counted"] if cell["counted"] == cell["trials"] else f"{cell['counted']} of {cell['trials']}"
     lines = [_cell_label(cell), f"mean kept fraction {f(cell['mean_fraction'])}",
              f"dropped a group on {dropped} of {cell['steps']} steps ({counted} trials)"]
-    ax.set_title("\n".join(textwrap.fill(line, 40) for line in lines), fontsize=7.5)
+    ax.set_title("\n".join(textwrap.fill(line, 32) for line in lines), fontsize=7.5)
 
 
 def _spread_status(cell: dict) -> str:
@@ -308,7 +308,7 @@ def _spread_panel(ax, cell: dict, color) -> None:
     series = [(v, c, label) for v, c, label in
               ((cell["kept_std"], "0.6", "kept: mean spread"),
                (cell["dropped_std"], color, "dropped: largest spread")) if v]
-    ax.set_title(textwrap.fill(_spread_status(cell), 40), fontsize=7)
+    ax.set_title(textwrap.fill(_spread_status(cell), 32), fontsize=7)
     if not series:
         ax.axis("off")
         kept = "" if cell["kept_std"] is None else "; kept spreads have no finite value"
@@ -363,7 +363,7 @@ def _filter_page(cells: list[dict], paired: bool, col: dict, notes: str, continu
     # a cell's two panels need a row's width unless four cells share the page
     rows, cols = _grid(len(cells), max_cols=1 if paired and len(cells) <= 2 else 2)
     axes = fig.subplots(rows, per * cols, squeeze=False)
-    fig.subplots_adjust(top=0.8, bottom=0.2, hspace=0.8, wspace=0.5)
+    fig.subplots_adjust(top=0.74, bottom=0.2, hspace=0.9, wspace=0.5)
     for i, cell in enumerate(cells):
         r, c = divmod(i, cols)
         _kept_panel(axes[r, per * c], cell, col[cell["arm"]])
