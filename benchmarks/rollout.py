@@ -6,9 +6,18 @@ per-turn token budget, one process, the three ways run back to back:
   naive       HF generate once per episode and turn, on the full history
   hf_batched  HF generate on the whole batch per turn, re-encoding every history (left padding)
 The last line printed is one JSON object; ``ratio`` = naive time / our time (goal >= 8) and
-``ratio_vs_hf_batched`` = batched-HF time / our time (goal >= 1.3).
+``ratio_vs_hf_batched`` = batched-HF time / our time (goal >= 1.3). ``--compile`` adds
+  compiled    our engine with ``rollout.compile`` (static cache, torch.compile'd decode step), timed
+              after one warm-up rollout that compiles it (``compile_s``); ``compile_ratio`` = our
+              time / compiled time
 
-    python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--config FILE] [--set k=v ...]
+``--against REV`` adds
+  at_REV      the rollout engine of git revision REV (its ragen2_core/rollout/engine.py, loaded beside
+              this one), timed alternately with ours; ``ratio_vs_REV`` = its time / our time (a check
+              that a change did not slow the engine down, fair on a busy machine)
+
+    python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--compile] [--against REV]
+                                 [--config FILE] [--set k=v ...]
 
 ``--backend vllm`` (run it in the vLLM environment, ``bash scripts/setup_vllm.sh``) measures instead our
 engine against the vLLM backend on a random-init model of Qwen2.5-0.5B's shape (vocabulary 151,936,
@@ -23,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -65,6 +76,21 @@ def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool) 
                                           envs[b].actions_left, p.max_new_tokens))
         active = still
     return generated
+
+
+def engine_at(rev: str):
+    """The module ragen2_core/rollout/engine.py as it was at git revision `rev`."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    src = subprocess.check_output(["git", "show", f"{rev}:ragen2_core/rollout/engine.py"],
+                                  cwd=Path(__file__).parents[1], text=True)
+    name = f"engine_at_{rev}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    sys.modules[name] = module  # its dataclasses look their module up there
+    exec(compile(src, f"{rev}:ragen2_core/rollout/engine.py", "exec"), module.__dict__)
+    return module
 
 
 def timed(fn):
@@ -127,6 +153,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2, help="best of N for each way")
     ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
+    ap.add_argument("--compile", action="store_true", help="also time rollout.compile (after compiling it)")
+    ap.add_argument("--against", metavar="REV", help="also time the engine of this git revision, alternately")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.backend == "vllm":
@@ -138,9 +166,14 @@ def main() -> None:
     seeds = list(range(args.episodes))
     p = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
 
-    def ours():
-        b = rollout(model, tok, make_env, env_seeds=seeds, dynamics_seeds=seeds, group_ids=seeds,
-                    sampling=p, generator=torch.Generator().manual_seed(0))
+    def ours(compiled: bool = False, engine=None):
+        """Our rollout (`engine`: another version's engine module, with its own SamplingParams)."""
+        if engine is None:
+            play, sampling = rollout, replace(p, compile=compiled)
+        else:
+            play, sampling = engine.rollout, engine.SamplingParams(temperature=1.0, max_new_tokens=p.max_new_tokens)
+        b = play(model, tok, make_env, env_seeds=seeds, dynamics_seeds=seeds, group_ids=seeds,
+                 sampling=sampling, generator=torch.Generator().manual_seed(0))
         return sum(sum(m) for m in b.response_mask)
 
     def hf(batched):
@@ -151,7 +184,19 @@ def main() -> None:
     ways = {"ours": ours, "hf_batched": lambda: hf(True)}
     if not args.skip_naive:
         ways["naive"] = lambda: hf(False)
-    results = {}
+    results, extra = {}, {}
+    if args.against:
+        old, then = engine_at(args.against), f"at_{args.against}"
+        pairs = [(timed(ours), timed(lambda: ours(engine=old))) for _ in range(args.repeats)]  # alternately
+        for name, runs in (("ours", [a for a, _ in pairs]), (then, [b for _, b in pairs])):
+            sec, tokens = min(runs)
+            results[name] = {"seconds": round(sec, 3), "tokens": tokens, "tokens_per_s": round(tokens / sec, 1)}
+            print(f"{name:>10}: {sec:7.2f} s  {tokens:6d} tokens  {tokens / sec:8.1f} tok/s", flush=True)
+        extra[f"ratio_vs_{args.against}"] = round(results[then]["seconds"] / results["ours"]["seconds"], 2)
+        ways.pop("ours")
+    if args.compile:
+        extra["compile_s"] = round(timed(lambda: ours(True))[0], 1)   # compiles the decode step
+        ways["compiled"] = lambda: ours(True)
     for name, fn in ways.items():
         runs = [timed(fn) for _ in range(args.repeats)]
         sec, tokens = min(runs)
@@ -162,7 +207,8 @@ def main() -> None:
         "name": "rollout", "episodes": args.episodes, "threads": args.threads, "policy": str(path),
         "ratio": round(results["naive"]["seconds"] / ours_s, 2) if "naive" in results else None,
         "ratio_vs_hf_batched": round(results["hf_batched"]["seconds"] / ours_s, 2),
-        "goal": {"ratio": 8, "ratio_vs_hf_batched": 1.3}, **results}))
+        **({"compile_ratio": round(ours_s / results["compiled"]["seconds"], 2)} if args.compile else {}),
+        "goal": {"ratio": 8, "ratio_vs_hf_batched": 1.3}, **extra, **results}))
 
 
 if __name__ == "__main__":

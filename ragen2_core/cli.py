@@ -1,6 +1,6 @@
 """The ``ragen2`` command.
 
-    ragen2 train --config FILE [--set key=value ...] [--tracking-uri URI] [--resume]
+    ragen2 train --config FILE [--set key=value ...] [--tracking-uri URI] [--resume] [--no-memory-check]
     ragen2 eval [--config FILE] [--set key=value ...] [--episodes N] [--sample] [--show K]
     ragen2 warmstart [--config FILE] [--set key=value ...] [--rebuild] [--ship]   # locate (cached, shipped) or build the embedded policy
     ragen2 config [--config FILE] [--set key=value ...] [--describe]
@@ -9,7 +9,8 @@
     ragen2 ui [--experiment NAME] [--port 5000]               # MLflow UI on the project's store, loopback only
     ragen2 report --experiment NAME [--tracking-uri URI] [--out FILE.pdf]   # see docs/reports.md
 
-Bad configuration prints every error (field, value, fix) and exits with status 2 before any work.
+Bad configuration prints every error (field, value, fix) and exits with status 2 before any work;
+so does any other bad input a command can check up front (train/preflight.py): it creates nothing.
 """
 from __future__ import annotations
 
@@ -41,7 +42,17 @@ def cmd_config(cfg, args) -> int:
     return 0
 
 
+def _refuse(command: str, problems: list[str]) -> int:
+    print(f"ragen2 {command}: cannot start:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
+    return 2
+
+
 def cmd_warmstart(cfg, args) -> int:
+    from ragen2_core.train.preflight import warmstart_preflight
+
+    problems = warmstart_preflight(cfg)
+    if problems:
+        return _refuse("warmstart", problems)
     from ragen2_core.policy.warmstart import embedded_policy_path, find_policy, ship
     if cfg.policy.model != "embedded":
         print(f"policy: {cfg.policy.model} (policy.model is not embedded: nothing to build)")
@@ -60,12 +71,16 @@ def cmd_warmstart(cfg, args) -> int:
 
 
 def cmd_eval(cfg, args) -> int:
+    from ragen2_core.train.preflight import eval_preflight
+
+    problems = eval_preflight(cfg)
+    if problems:
+        return _refuse("eval", problems)
     from ragen2_core.envs.registry import env_factory
     from ragen2_core.policy.load import load_policy
     from ragen2_core.rollout.engine import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
     from ragen2_core.rollout.prompt import prompt_format
-
     _threads(cfg)
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
@@ -89,14 +104,14 @@ def cmd_eval(cfg, args) -> int:
 
 
 def cmd_train(cfg, args) -> int:
-    from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
     from ragen2_core.train.preflight import preflight
-    from ragen2_core.train.trainer import run
 
-    problems = preflight(cfg)  # before the output directory, the MLflow store and DeepSpeed exist
+    # before the output directory, the MLflow store and DeepSpeed exist (or are even imported)
+    problems = preflight(cfg, memory_check=not args.no_memory_check)
     if problems:
-        print("ragen2 train: cannot start:\n" + "\n".join(f"  - {p}" for p in problems), file=sys.stderr)
-        return 2
+        return _refuse("train", problems)
+    from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
+    from ragen2_core.train.trainer import run
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 reports
@@ -143,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     _config_args(p)
     p.add_argument("--tracking-uri", help="MLflow tracking URI (default: sqlite file mlflow.db here)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in train.output_dir")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="start even when the batch's estimated memory exceeds this machine's (train/preflight.py)")
     p = sub.add_parser("eval", help="run the policy on the validation seeds")
     _config_args(p)
     p.add_argument("--episodes", type=int, default=0, help="first N validation seeds (0 = all)")

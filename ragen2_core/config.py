@@ -354,6 +354,7 @@ def describe(cls=None) -> str:
 # ----------------------------------------------------------------------------- schema
 
 ENVS = ["frozenlake", "sokoban", "math", "code", "doors"]
+MAX_SEED = 2**32 - 1  # numpy.random.seed takes 0 .. 2**32 - 1; every seed field is held to it
 SINGLE_TURN_ENVS = ["math", "code"]  # one reply per episode: slip and the action budgets do not apply
 
 
@@ -441,7 +442,8 @@ class EnvConfig:
     step_penalty: Optional[float] = opt(None, "reward added for every action taken; null = the env's own (0 for "
                                         "frozenlake and doors, -0.1 for sokoban, as the release)", le=0)
     val_seeds: int = opt(100, "number of fixed validation seeds", ge=1)
-    val_seed_start: int = opt(1_000_000_000, "first validation seed; training seeds are drawn below it", ge=0)
+    val_seed_start: int = opt(1_000_000_000, "first validation seed; training seeds are drawn below it", ge=0,
+                              le=MAX_SEED)
     frozenlake: FrozenLakeConfig = opt(FrozenLakeConfig, "FrozenLake map generation")
     sokoban: SokobanConfig = opt(SokobanConfig, "Sokoban room generation")
     math: MathConfig = opt(MathConfig, "math word problems (single turn)")
@@ -534,7 +536,7 @@ class WarmStartConfig:
     steps: int = opt(4000, "optimizer steps", ge=1)
     batch_size: int = opt(16, "traces per optimizer step", ge=1)
     lr: float = opt(2e-3, "peak learning rate (50-step warmup, cosine decay)", gt=0)
-    seed: int = opt(0, "seed for trace generation and shuffling")
+    seed: int = opt(0, "seed for trace generation and shuffling", ge=0, le=MAX_SEED)
     init_from: str = opt("scratch", "start from a new model and tokenizer (scratch), or continue from the default "
                          "embedded policy, its tokenizer and its copying skills (default)", choices=["scratch", "default"])
     grounded_steps: int = opt(0, "curriculum: first this many steps on grounded traces only (the policy of this recipe "
@@ -564,13 +566,23 @@ class RolloutConfig:
     backend: str = opt("hf", "what samples the replies: hf (our KV-cached engine) or vllm (a colocated vLLM "
                        "engine; needs the environment of scripts/setup_vllm.sh)", choices=["hf", "vllm"])
     vllm_memory_gb: float = opt(1.0, "vllm backend: memory for its KV cache, GiB", gt=0)
+    compile: bool = opt(False, "hf backend: decode on transformers' static cache with a torch.compile'd decode step "
+                        "(CUDA graphs on a GPU); compiles once per batch shape (docs/performance.md)")
 
     def check(self) -> list[str]:
         import importlib.util
+        import shutil
+        errors = []
         if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            return ["backend: vllm is not installed in this Python environment; create its environment with "
-                    "`bash scripts/setup_vllm.sh` and run with .venv-vllm/bin/python, or use backend: hf"]
-        return []
+            errors.append("backend: vllm is not installed in this Python environment; create its environment with "
+                          "`bash scripts/setup_vllm.sh` and run with .venv-vllm/bin/python, or use backend: hf")
+        if self.compile and self.backend != "hf":
+            errors.append(f"compile: true applies to backend: hf (our engine); backend: {self.backend} runs its own "
+                          "compiled engine, so set compile: false")
+        elif self.compile and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            errors.append("compile: true needs a C++ compiler for torch.compile's generated code (install g++), "
+                          "or set compile: false")
+        return errors
 
 
 @dataclasses.dataclass
@@ -698,7 +710,7 @@ class GradProbeConfig:
 @dataclasses.dataclass
 class TrainLoopConfig:
     steps: int = opt(100, "RL steps", ge=0)
-    seed: int = opt(0, "global seed")
+    seed: int = opt(0, "global seed", ge=0, le=MAX_SEED)
     eval_every: int = opt(10, "validate every N steps; 0 = never", ge=0)
     eval_greedy: bool = opt(True, "validate greedily; false samples as the rollout does (seeded, the same "
                             "stream at every validation), which a policy mixing reasoning styles needs: "

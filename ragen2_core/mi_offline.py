@@ -10,8 +10,9 @@ re-tokenises their texts with the scorer's tokenizer (``--ids`` scores the store
 which reproduces the in-training numbers exactly when ``--model`` is the policy that rolled them
 out), cross-scores every reasoning under every prompt and prints each metric with what it costs:
 cond_entropy needs only each reasoning under its own prompt (N*K sequences), every MI-type metric
-all N*K*N. The last line is one JSON object. Errors (missing file, bad line, unknown step, fewer than
-2 groups, unloadable model, unusable chat template) print one message and exit with status 2.
+all N*K*N. The last line is one JSON object. Errors (missing file, a file over the data-file size cap
+of ``envs/math.py``, bad line, unknown step, fewer than 2 groups, unloadable model, unusable chat
+template, a seed outside 0 .. 2**32 - 1) print one message and exit with status 2.
 
 The prompt is rendered in the scorer's own conversation format, as training renders it:
 ``--chat-template auto`` (default) uses the scorer tokenizer's chat template when it has one, else
@@ -29,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ragen2_core.config import MAX_SEED
+from ragen2_core.envs.math import data_size_problem
 from ragen2_core.metrics.collapse import collapse_metrics
 from ragen2_core.rollout.cross_score import DEFAULT_TOKEN_BUDGET, cross_score, pick_rows
 from ragen2_core.rollout.dump import load_rollouts
@@ -60,20 +63,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt format: auto (the scorer's chat template if it has one), none, or a jinja file")
 
 
-def _check_utf8(path: Path) -> None:
+def _check_file(path: Path) -> None:
+    """Within the data-file size cap and UTF-8, read line by line."""
     if not path.is_file():
         return  # load_rollouts says how to get one
-    for n, line in enumerate(path.read_bytes().split(b"\n"), start=1):
-        try:
-            line.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise MIError(f"{path}:{n}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
-                          "a rollouts file is UTF-8 JSON lines, as training writes it.") from None
+    too_big = data_size_problem(path)
+    if too_big:
+        raise MIError(too_big)
+    with path.open("rb") as f:
+        for n, line in enumerate(f, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise MIError(f"{path}:{n}: not UTF-8 text (byte 0x{line[e.start]:02x} at column {e.start + 1}); "
+                              "a rollouts file is UTF-8 JSON lines, as training writes it.") from None
 
 
 def _check_ids(path: Path, episodes: list[dict]) -> None:
     """``step`` and ``group_id`` must be whole numbers: they select and group the episodes."""
-    lines = [n for n, line in enumerate(path.read_bytes().split(b"\n"), start=1) if line.strip()]
+    with path.open("rb") as f:
+        lines = [n for n, line in enumerate(f, start=1) if line.strip()]
     for rec, n in zip(episodes, lines):
         for field in ("step", "group_id"):
             value = rec.get(field)
@@ -137,9 +146,11 @@ def run(args: argparse.Namespace) -> int:
                                ("--token-budget", args.token_budget, 1), ("--n-prompts", args.n_prompts, 2)):
         if value < least:
             raise MIError(f"{flag} must be >= {least}; got {value}.")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise MIError(f"--seed must be between 0 and {MAX_SEED}; got {args.seed}.")
     if args.threads:
         torch.set_num_threads(args.threads)
-    _check_utf8(Path(args.rollouts))
+    _check_file(Path(args.rollouts))
     try:
         episodes = load_rollouts(args.rollouts)
     except (FileNotFoundError, ValueError) as err:

@@ -4,12 +4,17 @@
 
 MLflow 3 opens an experiment on a GenAI "Overview" page that lists none of our runs; this prints the
 direct address of the runs page instead, where a sweep run shows its trial runs folded under it.
+
+A port outside 1-65535 or already taken, a tracking URI MLflow cannot read, a local store that does
+not exist (opening it would create an empty one) and an unknown experiment exit with status 2
+before anything is started or created.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -23,26 +28,58 @@ def runs_page(port: int, experiment_id: str | None) -> str:
     return f"{base}/#/experiments/{experiment_id}/runs" if experiment_id else base
 
 
+def port_number(text: str) -> int:
+    """argparse type of --port: a TCP port, 1-65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port; give 1-65535, e.g. --port 5000")
+    return port
+
+
+def port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT does not count
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _refuse(problem: str) -> int:
+    print(f"ui: {problem}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
+    from ragen2_core.train.preflight import resolve_tracking, store_problems
 
     parser = argparse.ArgumentParser(prog="ragen2 ui", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tracking-uri", help="MLflow store (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
-    parser.add_argument("--port", type=int, default=5000, help="loopback port (default 5000, MLflow's own)")
+    parser.add_argument("--port", type=port_number, default=5000, help="loopback port (default 5000, MLflow's own)")
     parser.add_argument("--experiment", help="print the runs page of this experiment (e.g. a sweep name)")
     args = parser.parse_args(argv)
     uri = args.tracking_uri or default_tracking_uri()
+    # Before MLflow opens the store: opening a missing one creates it.
+    problems = store_problems(uri, "--tracking-uri" if args.tracking_uri else resolve_tracking(None)[1])
+    if problems:
+        return _refuse(problems[0])
     experiment_id = None
     if args.experiment:
         from mlflow.tracking import MlflowClient
         exp = MlflowClient(uri).get_experiment_by_name(args.experiment)
         if exp is None:
             names = [e.name for e in MlflowClient(uri).search_experiments()]
-            print(f"ui: no experiment {args.experiment!r} at {uri}; experiments there: {', '.join(names)}",
-                  file=sys.stderr)
-            return 2
+            return _refuse(f"no experiment {args.experiment!r} at {uri}; experiments there: {', '.join(names)}")
         experiment_id = exp.experiment_id
+    if port_taken(args.port):
+        return _refuse(f"--port: port {args.port} on 127.0.0.1 is taken (another server, or an earlier "
+                       f"`ragen2 ui`); pass a free one, e.g. --port {args.port % 65535 + 1}")
     # SIGTERM (e.g. from a supervisor) ends this process through the same clean-up as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     # Its own process group, so Ctrl-C here stops the server and its workers, and nothing lingers.
@@ -53,8 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                print(f"ui: mlflow ui exited with status {proc.returncode} (is port {args.port} taken? "
-                      "try --port 5001)", file=sys.stderr)
+                print(f"ui: mlflow ui exited with status {proc.returncode} before answering on port "
+                      f"{args.port}; its messages are above", file=sys.stderr)
                 return 1
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{args.port}/health", timeout=1)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
@@ -274,20 +275,62 @@ def load_metamath(path: str, val_frac: float) -> dict[str, list[Problem]]:
     return out
 
 
+DATA_CAP_VARIABLE = "RAGEN2_MAX_DATA_MB"
+DEFAULT_DATA_CAP_MB = 1024  # rows are held in memory, several times the file's size
+
+
+def data_cap_bytes() -> int:
+    """The largest data file read (env problem files, ``ragen2 mi``'s rollouts): $RAGEN2_MAX_DATA_MB MiB,
+    else DEFAULT_DATA_CAP_MB."""
+    raw = os.environ.get(DATA_CAP_VARIABLE, "")
+    return (int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_DATA_CAP_MB) << 20
+
+
+def data_size_problem(p: Path) -> str | None:
+    """Why the file ``p`` is too large to read (None when it is within the cap)."""
+    size, cap = p.stat().st_size, data_cap_bytes()
+    if size <= cap:
+        return None
+    return (f"{p}: {size / 2**20:,.0f} MiB, over the {cap >> 20:,} MiB cap on a data file (its rows are held "
+            f"in memory); use a smaller file or a subset of it, or raise the cap with {DATA_CAP_VARIABLE}=N (MiB)")
+
+
 def read_rows(path: str) -> list[dict]:
-    """Rows of a JSON list or a JSONL file (one object per line)."""
+    """Rows of a JSON list or a JSONL file (one object per line), at most ``data_cap_bytes()`` of it.
+    JSONL is read line by line; a JSON list (or a single object) is parsed whole."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise FileNotFoundError(f"problem file not found: {p}; set the env's path to an existing JSON/JSONL file")
-    text = p.read_text()
-    try:
-        data = json.loads(text)
-        rows = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
-        try:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}: neither a JSON list nor JSONL ({e})") from None
+    too_big = data_size_problem(p)
+    if too_big:
+        raise ValueError(too_big)
+    with p.open("rb") as f:
+        start = f.read(64).lstrip()[:1]
+        f.seek(0)
+        rows = _json_rows(f, p) if start == b"[" else _jsonl_rows(f, p)
     if not all(isinstance(r, dict) for r in rows):
         raise ValueError(f"{p}: every row must be a JSON object")
+    return rows
+
+
+def _json_rows(f, p: Path) -> list:
+    try:
+        data = json.load(f)
+    except ValueError as e:  # also bytes that are not UTF-8
+        raise ValueError(f"{p}: neither a JSON list nor JSONL ({e})") from None
+    return data if isinstance(data, list) else [data]
+
+
+def _jsonl_rows(f, p: Path) -> list:
+    rows = []
+    for n, line in enumerate(f, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            if not rows:  # perhaps one JSON object over several lines
+                f.seek(0)
+                return _json_rows(f, p)
+            raise ValueError(f"{p}: neither a JSON list nor JSONL (line {n}: {e})") from None
     return rows

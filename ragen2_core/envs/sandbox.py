@@ -16,7 +16,8 @@ its arguments. Needs Linux x86-64, root (to make cgroups and drop to an unprivil
 * The parent starts a supervisor interpreter (``python -I -S`` this file, empty environment, own
   process group) that runs the tests one after another. Per test it makes a memory and a pids
   cgroup (v1 controllers, under its own cgroup), forks a child that joins them, joins a fresh
-  session keyring, drops to uid/gid 65534 with no groups and executes ``bwrap``.
+  session keyring, sets RLIMIT_CORE to 1, drops to uid/gid 65534 with no groups and executes
+  ``bwrap``.
 * bwrap builds new user, mount, PID, IPC, network, UTS and cgroup namespaces (no further user
   namespaces) whose root is an empty tmpfs holding only, read-only: the interpreter, its standard
   library (site-packages covered by an empty tmpfs) and the shared libraries they load (found with
@@ -27,10 +28,13 @@ its arguments. Needs Linux x86-64, root (to make cgroups and drop to an unprivil
   setns, clone with namespace flags; clone3 answers ENOSYS so libc falls back to clone), mount
   and the new mount API, keyctl/add_key/request_key, ptrace and process_vm_*, bpf,
   perf_event_open, userfaultfd, io_uring, module and kexec calls, and sockets other than
-  AF_UNIX/AF_INET/AF_INET6 (so no AF_VSOCK, AF_ALG, AF_NETLINK); other architectures' and x32
-  calls kill the process.
-* Inside, a small runner (``_RUNNER``, trusted, runs first) sets per-process rlimits (CPU seconds,
-  address space, open files, file size = output cap, no core dumps) and runs the program; a call
+  AF_UNIX/AF_INET/AF_INET6 (so no AF_VSOCK, AF_ALG, AF_NETLINK), pidfd_getfd, making a process
+  dumpable again and changing RLIMIT_CORE; other architectures' and x32 calls kill the process.
+* Inside, a small runner (``_RUNNER``, trusted, runs first) is the namespace's pid 1 (``bwrap
+  --as-pid-1``, so no unfiltered bwrap init is there to reach). It sets per-process rlimits (CPU
+  seconds, address space, open files, file size = output cap), makes itself non-dumpable (its
+  /proc/1/mem and /proc/1/exe are closed to the program; no core of it or of the program reaches a
+  core-dump handler) and runs the program in a child, whose exit status it passes on; a call
   test's return value comes back through a size-capped, depth-checked JSON channel.
 * The supervisor enforces each test's wall clock, kills the cgroup's processes when it ends and
   removes the cgroups. The memory cgroup caps all of a test's processes together (tmpfs and SysV
@@ -38,14 +42,17 @@ its arguments. Needs Linux x86-64, root (to make cgroups and drop to an unprivil
 
 Without writable cgroup v1 memory/pids controllers the sandbox still runs, but the memory cap is
 per process (RLIMIT_AS) and the process cap is RLIMIT_NPROC, counted per user; ``cgroup_note``
-says so. The expected outputs never enter the sandbox: stdout or the return value comes back and
-is compared here.
+says so. A ``kernel.core_pattern`` that names a socket ('@') is refused (``core_pattern_problem``).
+The expected outputs never enter the sandbox: stdout or the return value comes back and is compared
+here: integers, bools and strings exactly, floats within 1e-6 only where the expected value is a float.
 """
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import re
+import resource
 import select
 import signal
 import struct
@@ -234,24 +241,22 @@ def _signal_name(sig: int) -> str:
 
 
 def stdout_matches(got: str, expected: str) -> bool:
-    """Whitespace-insensitive token match; numeric tokens may differ by 1e-6 (relative or absolute)."""
+    """Whitespace-insensitive token match. An integer token must be the same integer; only a token the
+    task writes as a float (``2.50``, ``1e-3``) accepts a number within 1e-6 (relative or absolute)."""
     a, b = got.split(), expected.split()
-    return len(a) == len(b) and all(x == y or _close(x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y or _token_match(x, y) for x, y in zip(a, b))
 
 
 def values_match(got, expected) -> bool:
-    """Equality of JSON values (tuples are lists); floats within 1e-6. Never raises: an int too large
-    for a float, or a non-finite value, is simply unequal to a finite expected value."""
+    """Equality of JSON values (tuples are lists). Integers, bools and strings compare exactly; the
+    1e-6 tolerance is only for an expected float, which is how a task declares a float answer. Never
+    raises: an int too large for a float, or a non-finite value, is simply unequal."""
     if isinstance(expected, bool) or isinstance(got, bool):
         return got is expected
     if isinstance(expected, (int, float)) and isinstance(got, (int, float)):
-        if isinstance(expected, int) and isinstance(got, int):
-            return got == expected
-        try:
-            g, e = float(got), float(expected)
-        except OverflowError:
-            return False
-        return g == e or abs(g - e) <= 1e-6 * max(1.0, abs(e))
+        if isinstance(expected, int):
+            return got == expected  # Python compares int and float exactly: 10**12 + 0.4 != 10**12
+        return _near(got, expected)
     if isinstance(expected, (list, tuple)) and isinstance(got, (list, tuple)):
         return len(got) == len(expected) and all(values_match(g, e) for g, e in zip(got, expected))
     if isinstance(expected, dict) and isinstance(got, dict):
@@ -259,12 +264,33 @@ def values_match(got, expected) -> bool:
     return got == expected
 
 
-def _close(x: str, y: str) -> bool:
+_INT_TOKEN = re.compile(r"[+-]?\d+")
+
+
+def _token_match(x: str, y: str) -> bool:
+    """``x`` (printed) against ``y`` (expected), both single tokens that differ as text."""
+    if _INT_TOKEN.fullmatch(y):
+        # A tolerance here would pay for 1000000000008 against 1000000000007, a reward to exploit.
+        return _INT_TOKEN.fullmatch(x) is not None and _int_text(x) == _int_text(y)
     try:
-        fx, fy = float(x), float(y)
+        return _near(float(x), float(y))
     except ValueError:
         return False
-    return abs(fx - fy) <= 1e-6 * max(1.0, abs(fy))
+
+
+def _int_text(token: str) -> str:
+    """The integer's canonical digits (``+07`` -> ``7``, ``-0`` -> ``0``), compared as text: ``int()``
+    refuses over 4300 digits, and a printed token may be longer."""
+    digits = token.lstrip("+-").lstrip("0") or "0"
+    return "-" + digits if token.startswith("-") and digits != "0" else digits
+
+
+def _near(got: float, expected: float) -> bool:
+    try:
+        g, e = float(got), float(expected)
+    except OverflowError:
+        return False
+    return g == e or abs(g - e) <= 1e-6 * max(1.0, abs(e))
 
 
 # ---------------------------------------------------------------------------- what the host offers
@@ -329,6 +355,35 @@ def cgroup_note() -> str | None:
     return ("no writable cgroup v1 " + " / ".join(missing) + " controller: " + "; ".join(what[c] for c in missing))
 
 
+CORE_PATTERN = "/proc/sys/kernel/core_pattern"
+ALLOW_CORE_SOCKET = "RAGEN2_SANDBOX_ALLOW_CORE_SOCKET"
+
+
+def read_core_pattern() -> str:
+    try:
+        with open(CORE_PATTERN) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def core_pattern_problem(pattern: str | None = None) -> str | None:
+    """Why a crash in the sandbox could hand the program's memory to a core-dump handler outside it
+    (None when it cannot). ``pattern`` defaults to the host's kernel.core_pattern.
+
+    A file pattern gets no core (RLIMIT_CORE is 1 byte, under the smallest core) and a pipe ('|')
+    pattern none either (the kernel refuses a pipe helper at RLIMIT_CORE 1). A socket ('@', Linux
+    6.16+) handler ignores RLIMIT_CORE: only non-dumpability stops it, and a program that executes a
+    new binary is dumpable again."""
+    pattern = read_core_pattern() if pattern is None else pattern
+    if not pattern.startswith("@") or os.environ.get(ALLOW_CORE_SOCKET) == "1":
+        return None
+    return (f"kernel.core_pattern is {pattern!r}, a core-dump socket: the kernel would hand the core of a "
+            "crashing program to that handler outside the sandbox, whatever RLIMIT_CORE says. Set a file or "
+            "pipe pattern (e.g. sysctl -w kernel.core_pattern=core), or accept this with "
+            f"{ALLOW_CORE_SOCKET}=1.")
+
+
 def _remove_cgroups(prefix: str) -> None:
     for parent in _host()["cgroups"].values():
         for name in os.listdir(parent):
@@ -342,6 +397,7 @@ def isolation_problem() -> str | None:
         return _PROBLEM[0]
     import platform
 
+    core = core_pattern_problem()
     if not sys.platform.startswith("linux") or platform.machine() != "x86_64":
         problem = (f"the sandbox needs Linux on x86-64 (its seccomp filter is written for it); this is "
                    f"{sys.platform} on {platform.machine()}. Run code envs there, or use a math/grid env.")
@@ -351,6 +407,8 @@ def isolation_problem() -> str | None:
                    "container) or use a math/grid env.")
     elif not _host()["bwrap"]:
         problem = f"the sandbox runs programs with bubblewrap, which is not installed: {INSTALL_HINT}."
+    elif core:
+        problem = core
     else:
         _PROBLEM.append(None)  # let the probe itself run
         try:
@@ -380,9 +438,11 @@ _DENIED = {  # x86-64 syscall numbers (asm/unistd_64.h) -> EPERM
     "setns": 308, "process_vm_readv": 310, "process_vm_writev": 311, "finit_module": 313,
     "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
-    "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "fsmount": 432, "fspick": 433, "mount_setattr": 442, "pidfd_getfd": 438,
 }
 _CLONE, _CLONE3, _SOCKET = 56, 435, 41
+_PRCTL, _SETRLIMIT, _PRLIMIT64 = 157, 160, 302
+_PR_SET_DUMPABLE, _RLIMIT_CORE = 4, 4
 _SOCKET_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6
 
 
@@ -401,6 +461,14 @@ def seccomp_filter() -> bytes:
         prog += [jeq(nr, 0, 1), errno(_EPERM)]
     prog += [jeq(_CLONE3, 0, 1), errno(_ENOSYS)]
     prog += [jeq(_CLONE, 0, 4), ld(16), jset(_NS_FLAGS, 0, 1), errno(_EPERM), ret(_RET_ALLOW)]
+    # The runner makes itself non-dumpable and the supervisor sets RLIMIT_CORE to 1 (the value at which
+    # the kernel refuses to pipe a core to a core_pattern helper); the program may undo neither.
+    prog += [jeq(_PRCTL, 0, 6), ld(16), jeq(_PR_SET_DUMPABLE, 0, 3), ld(24), jeq(0, 1, 0), errno(_EPERM),
+             ret(_RET_ALLOW)]
+    prog += [jeq(_SETRLIMIT, 0, 4), ld(16), jeq(_RLIMIT_CORE, 0, 1), errno(_EPERM), ret(_RET_ALLOW)]
+    # prlimit64(pid, RLIMIT_CORE, new, old) with a new limit (a non-null pointer: both halves checked)
+    prog += [jeq(_PRLIMIT64, 0, 8), ld(24), jeq(_RLIMIT_CORE, 0, 5), ld(32), jeq(0, 0, 2), ld(36),
+             jeq(0, 1, 0), errno(_EPERM), ret(_RET_ALLOW)]
     n = len(_SOCKET_FAMILIES)
     prog += [jeq(_SOCKET, 0, n + 2), ld(16)]
     prog += [jeq(fam, n - i, 0) for i, fam in enumerate(_SOCKET_FAMILIES)]
@@ -415,20 +483,32 @@ def seccomp_filter() -> bytes:
 # 4 the started marker (closed before the program runs, so the program cannot fake a setup
 # failure), 5 the job. Limits are set before any program code runs.
 _RUNNER = r'''
-import builtins, json, os, resource, sys
+import builtins, ctypes, json, os, resource, signal, sys
 with open(5, "rb") as f:
     job = json.load(f)
 n = job["output_bytes"]
 limits = [(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"] + 1)), (resource.RLIMIT_AS, (job["memory"],) * 2),
-          (resource.RLIMIT_NOFILE, (job["max_files"],) * 2), (resource.RLIMIT_FSIZE, (n, n)),
-          (resource.RLIMIT_CORE, (0, 0))]
+          (resource.RLIMIT_NOFILE, (job["max_files"],) * 2), (resource.RLIMIT_FSIZE, (n, n))]
 if job["nproc"]:
     limits.append((resource.RLIMIT_NPROC, (job["nproc"],) * 2))
 for what, value in limits:
     resource.setrlimit(what, value)
+# Non-dumpable (the program inherits it, and seccomp keeps it so): no core reaches a core_pattern
+# handler, and the program, of the same uid, cannot open this pid 1's /proc/1/mem or /proc/1/exe.
+libc = ctypes.CDLL(None)
+if libc.prctl(4, 0, 0, 0, 0) != 0 or libc.prctl(3, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE, PR_GET_DUMPABLE
+    os._exit(125)  # without the marker: reported as a set-up failure
 os.write(4, b"started")
 os.close(4)
 os.closerange(5, 1 << 16)
+# This process is the sandbox's pid 1 (bwrap --as-pid-1): the program runs as its child, so every
+# process in the sandbox is under the seccomp filter and the rlimits.
+signal.signal(signal.SIGINT, signal.SIG_DFL)  # pid 1 ignores the signals it has no handler for
+child = os.fork()
+if child:
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    os._exit(128 - code if code < 0 else code)  # killed by signal N: 128 + N, as bwrap reports it
+signal.signal(signal.SIGINT, signal.default_int_handler)
 me = os.getpid()
 sys.argv = ["solution.py"]
 sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)
@@ -541,7 +621,7 @@ def _supervise() -> None:
 
 
 def _bwrap_args(job: dict, stdlib: str) -> list[str]:
-    args = [job["bwrap"], "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
+    args = [job["bwrap"], "--unshare-all", "--unshare-user", "--disable-userns", "--as-pid-1", "--die-with-parent",
             "--new-session", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", "/tmp",
             "--setenv", "LANG", "C.UTF-8", "--uid", str(_SANDBOX_ID), "--gid", str(_SANDBOX_ID),
             "--hostname", "sandbox"]
@@ -567,7 +647,7 @@ def _make_cgroups(job: dict, name: str) -> list[str]:
             _write(path, "memory.limit_in_bytes", job["memory"])
             if os.path.exists(f"{path}/memory.memsw.limit_in_bytes"):
                 _write(path, "memory.memsw.limit_in_bytes", job["memory"])
-        else:  # the outer bwrap and its init count too
+        else:  # the outer bwrap and the runner (the sandbox's pid 1) count too
             _write(path, "pids.max", job["max_procs"] + 2)
     return dirs
 
@@ -699,6 +779,9 @@ def _child(fds: list[int], cgroups: list[str], argv: list[str]) -> None:
         os.dup2(4000 + target, target)
         os.set_inheritable(target, True)
     os.closerange(len(fds), 1 << 16)
+    # 1, not 0: the kernel pipes no core to a core_pattern helper at 1, and writes no core file under a
+    # page; at 0 a helper still gets one. seccomp keeps the program from changing it.
+    resource.setrlimit(resource.RLIMIT_CORE, (1, 1))
     os.setgroups([])
     os.setgid(_SANDBOX_ID)
     os.setuid(_SANDBOX_ID)

@@ -281,9 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     ref = args.archive or args.experiment
     name = Path(ref).name[:-len(SUFFIX)] if args.archive else ref
     out = args.out or f"reports/out/{name}.pdf"
-    problem = None if args.archive else store_problem(uri)
-    if problem:  # checked before MLflow opens it: opening a missing store creates an empty one
-        print(f"report: {problem}", file=sys.stderr)
+    from ragen2_core.train.preflight import report_problems
+    # Checked before MLflow opens the store (opening a missing one creates it) or anything is written.
+    problems = report_problems(uri, {"--out": args.out, "--png-dir": args.png_dir})
+    problems += [] if args.archive else [p for p in [store_problem(uri)] if p]
+    if problems:
+        print("\n".join(f"report: {p}" for p in problems), file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
         pdf, summary = build(uri, ref, out, args.baseline, args.include_running, args.png_dir,

@@ -1,14 +1,18 @@
 """Sweep driver: spec -> validated trials -> instance -> MLflow parent run -> Ray Tune -> summary.
 
     python sweeps/run.py ablations/kl_vs_filter.yaml [--dry-run] [--resume [INSTANCE]] [--tracking-uri URI]
-                         [--address ADDR] [--progress-every S]
+                         [--address ADDR] [--progress-every S] [--max-trials N] [--no-memory-check]
 
 Each plain run starts a new instance of the sweep (its own folder and MLflow parent run); --resume
 continues the latest instance, --resume INSTANCE a named one (sweep/instances.py).
 
-Exit status: 0 every trial finished; 1 some trial failed; 2 invalid spec, or nothing to resume, or
-the spec changed since the resumed instance started (nothing started); 130 interrupted (continue
-with --resume).
+Before anything is created (MLflow store or run, folders, Ray), the spec is counted (more than
+--max-trials trials is refused, default 1000; --dry-run still previews it) and every trial's config
+passes the training preflight (train/preflight.py: model, memory, env data, store, storage folder).
+
+Exit status: 0 every trial finished; 1 some trial failed; 2 invalid spec, too many trials, a failed
+preflight, or nothing to resume, or the spec changed since the resumed instance started (nothing
+started); 130 interrupted (continue with --resume).
 """
 from __future__ import annotations
 
@@ -26,9 +30,11 @@ from ragen2_core.atomic import write_text_atomic
 from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
-from ragen2_core.sweep.trials import Trial, load_spec, make_trial, spec_hash
+from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, make_trial, preview_spec, spec_hash,
+                                      sweep_preflight, too_many)
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
+PREVIEW_ROWS = 20  # trials a dry run shows of a sweep over the cap
 # Every trial in a fresh worker process. Reusing a finished trial's worker saves the imports (7 s a
 # trial), but its resident memory grew by 1-1.5 GB a trial and a 40-trial sweep was killed by Ray's
 # memory monitor at 20 (docs/sweeps.md).
@@ -67,10 +73,13 @@ def _cell(v) -> str:
     return str(v)
 
 
-def dry_run(spec: SweepSpec, trials: list[Trial]) -> str:
-    what = f"{len(trials)} trials" if spec.search.kind != "optuna" else \
+def dry_run(spec: SweepSpec, trials: list[Trial], total: int | None = None) -> str:
+    """The trial table; ``total`` > len(trials) when only the first trials of a larger sweep are shown."""
+    total = len(trials) if total is None else total
+    what = f"{total:,} trials" if spec.search.kind != "optuna" else \
         f"{spec.search.samples} optuna trials over {', '.join(spec.search.space)} (template below)"
-    return f"{spec.name}: {what}; base {spec.base_path}\n{to_text(trial_table(spec, trials))}\n"
+    more = f"... and {total - len(trials):,} more\n" if spec.search.kind != "optuna" and total > len(trials) else ""
+    return f"{spec.name}: {what}; base {spec.base_path}\n{to_text(trial_table(spec, trials))}\n{more}"
 
 
 # ----------------------------------------------------------------------------- summary
@@ -291,6 +300,16 @@ def flatten_spec(spec: SweepSpec) -> dict:
     return out
 
 
+def preview(path: str, max_trials: int) -> int:
+    """--dry-run: the count and the trial table (every trial, each config checked), or for a spec over
+    the cap its first PREVIEW_ROWS trials and the refusal a real run would get."""
+    spec, shown, total = preview_spec(path, PREVIEW_ROWS)
+    if total <= max_trials:
+        spec, shown = load_spec(path, max_trials)
+    print(dry_run(spec, shown, total), end="")
+    return _refuse(too_many(spec, max_trials)) if total > max_trials else EXIT_OK
+
+
 def optuna_space(spec: SweepSpec) -> dict:
     from ray import tune
     make = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}
@@ -331,16 +350,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds between progress tables (default 30)")
     parser.add_argument("--report-out", metavar="PDF", help="report path (default reports/out/<name>.pdf)")
     parser.add_argument("--no-report", action="store_true", help="skip the PDF report at the end")
+    parser.add_argument("--max-trials", type=int, default=MAX_TRIALS, metavar="N",
+                        help=f"refuse a spec that expands to more trials than this (default {MAX_TRIALS})")
+    parser.add_argument("--no-memory-check", action="store_true",
+                        help="start trials whose batch's estimated memory exceeds this machine's (train/preflight.py)")
     args = parser.parse_args(argv)
     try:
-        spec, trials = load_spec(args.spec)
+        if args.dry_run:
+            return preview(args.spec, args.max_trials)
+        spec, trials = load_spec(args.spec, args.max_trials)
     except SpecError as err:
         print(f"sweep: invalid spec:\n{err}", file=sys.stderr)
         return EXIT_REFUSED
     spec.tracking.uri = args.tracking_uri or spec.tracking.uri
     spec.ray.address = args.address or spec.ray.address
-    if args.dry_run:
-        print(dry_run(spec, trials), end="")
-        return EXIT_OK
+    problems = sweep_preflight(spec, trials, memory_check=not args.no_memory_check)
+    if problems:
+        return _refuse("cannot start:\n" + "\n".join(f"  - {p}" for p in problems))
     report_out = None if args.no_report else Path(args.report_out or f"reports/out/{spec.name}.pdf")
     return run_sweep(spec, trials, resume=args.resume, progress_every=args.progress_every, report_out=report_out)

@@ -28,7 +28,7 @@ import yaml
 
 # build_section and schema_problem are config.py's own validation steps, reused so that spec errors read
 # exactly like config errors.
-from ragen2_core.config import FILTER_PRESETS, build_section, schema_problem, opt
+from ragen2_core.config import FILTER_PRESETS, MAX_SEED, build_section, schema_problem, opt
 from ragen2_core.yamlio import YamlInputError, read_yaml_file
 
 
@@ -56,7 +56,7 @@ class SearchSpec:
                     "crossed with arms and seeds; optuna: `samples` trials proposed by Optuna",
                     choices=["grid", "random", "optuna"])
     samples: int = opt(1, "random/optuna: how many points of `space` to draw", ge=1)
-    seed: int = opt(0, "random/optuna: sampler seed (the drawn points are part of the trial ids)")
+    seed: int = opt(0, "random/optuna: sampler seed (the drawn points are part of the trial ids)", ge=0, le=MAX_SEED)
     space: dict = opt({}, "random/optuna: dotted key -> {uniform|loguniform|randint: [low, high]} or {choice: [...]}")
 
 
@@ -234,6 +234,10 @@ def _parse_seeds(raw, err: SpecErrors) -> list[int]:
     if isinstance(raw, list) and raw and all(isinstance(s, int) and not isinstance(s, bool) for s in raw):
         if len(set(raw)) != len(raw):
             err.add(("seeds",), f"{raw!r} repeats a seed; list each seed once")
+        bad = [s for s in raw if not 0 <= s <= MAX_SEED]
+        if bad:
+            err.add(("seeds",), f"{bad[0]!r} is out of range; a seed is a whole number from 0 to {MAX_SEED}")
+            return []
         return list(raw)
     err.add(("seeds",), f"expected a count or a non-empty list of whole numbers, got {raw!r}; e.g. seeds: 3")
     return []

@@ -3,6 +3,8 @@
     from ragen2_core.sweep.trials import load_spec
 
     spec, trials = load_spec("ablations/kl_vs_filter.yaml")   # raises SpecError listing every problem
+    count_trials(spec)                                          # the size, counted without expanding
+    spec, first, n = preview_spec(path, rows=20)               # the first trials of a spec of any size
     for t in trials:
         t.trial_id, t.arm, t.seed, t.values      # values: every varied key of this trial
         load_config(spec.base_path, t.overrides)  # exactly the config the trial trains with
@@ -20,11 +22,14 @@ import math
 import random
 import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 # read_yaml: config.py's own reader of a YAML file and its `base:` chain, for the spec hash.
 from ragen2_core.config import ConfigError, read_yaml, load_config
 from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SpecErrors, SweepSpec, key_sources, parse_spec
+
+
+MAX_TRIALS = 1000  # trials a sweep may expand to unless --max-trials says more: each is a training run
 
 
 @dataclasses.dataclass
@@ -72,9 +77,9 @@ def make_trial(spec: SweepSpec, arm: str, values: dict, seed: int) -> Trial:
     return Trial(tid, arm, seed, dict(values), [_override(k, v) for k, v in presets + rest + own])
 
 
-def _draw(space: dict[str, tuple[str, list]], n: int, seed: int) -> list[dict]:
+def _draws(space: dict[str, tuple[str, list]], n: int, seed: int) -> Iterator[dict]:
+    """The random search's points, one at a time (the same sequence on every call)."""
     rng = random.Random(seed)
-    draws = []
     for _ in range(n):
         point = {}
         for key, (kind, args) in space.items():
@@ -86,28 +91,47 @@ def _draw(space: dict[str, tuple[str, list]], n: int, seed: int) -> list[dict]:
                 point[key] = rng.randrange(int(args[0]), int(args[1]))  # high exclusive, like tune.randint
             else:
                 point[key] = rng.choice(args)
-        draws.append(point)
-    return draws
+        yield point
+
+
+def factors(spec: SweepSpec) -> dict[str, int]:
+    """How many values each factor of the expansion has; their product is the number of trials."""
+    out = {"arms": max(1, len(spec.arms))}
+    out |= {f"axes.{k}": len(v) for k, v in spec.axes.items()}
+    out |= {f"zip[{i}]": len(next(iter(g.values()))) for i, g in enumerate(spec.zip)}
+    if spec.search.kind != "grid":  # optuna: one trial per sample, proposed at run time
+        out["search.samples"] = spec.search.samples
+    return out | {"seeds": len(spec.seeds)}
+
+
+def count_trials(spec: SweepSpec) -> int:
+    """The number of training runs the spec asks for, counted without building any."""
+    return math.prod(factors(spec).values())
+
+
+def iter_trials(spec: SweepSpec) -> Iterator[Trial]:
+    """Arms x axes (product) x zip groups (product over groups, rows together) x seeds, one trial at a
+    time, so a sweep of any size can be previewed (``itertools.islice``) without building it.
+
+    For random search the drawn points of `search.space` are one more product factor; for optuna
+    the expansion is the single template trial the sampled values are added to at run time.
+    """
+    zip_rows = [[dict(zip(group, vals)) for vals in zip(*group.values())] for group in spec.zip]
+    for arm in spec.arms or {"base": {}}:
+        for combo in itertools.product(*spec.axes.values()):
+            a = dict(zip(spec.axes, combo))
+            for rows in itertools.product(*zip_rows):
+                z = {k: v for row in rows for k, v in row.items()}
+                sampled = _draws(spec.search.space, spec.search.samples, spec.search.seed) \
+                    if spec.search.kind == "random" else [{}]
+                for s in sampled:
+                    for seed in spec.seeds:
+                        yield make_trial(spec, arm, a | z | s, seed)
 
 
 def expand(spec: SweepSpec) -> list[Trial]:
-    """Arms x axes (product) x zip groups (product over groups, rows together) x seeds.
-
-    For random search the drawn points of `search.space` are one more product factor; for optuna
-    the list holds the single template trial the sampled values are added to at run time.
-    """
-    axis_rows = [dict(zip(spec.axes, combo)) for combo in itertools.product(*spec.axes.values())]
-    zip_rows = [dict()]
-    for group in spec.zip:
-        rows = [dict(zip(group, vals)) for vals in zip(*group.values())]
-        zip_rows = [a | b for a in zip_rows for b in rows]
-    sampled = _draw(spec.search.space, spec.search.samples, spec.search.seed) if spec.search.kind == "random" else [{}]
-    trials = []
-    for arm in spec.arms or {"base": {}}:
-        for a, z, s in itertools.product(axis_rows, zip_rows, sampled):
-            for seed in spec.seeds:
-                trials.append(make_trial(spec, arm, a | z | s, seed))
-    return trials
+    """Every trial of the spec (``iter_trials``), in order."""
+    return list(iter_trials(spec))
 
 
 def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErrors] = None) -> None:
@@ -164,12 +188,16 @@ def _optuna_probes(spec: SweepSpec, template: Trial) -> list[Trial]:
     return probes
 
 
-def load_spec(path: str | Path) -> tuple[SweepSpec, list[Trial]]:
+def load_spec(path: str | Path, max_trials: int = MAX_TRIALS) -> tuple[SweepSpec, list[Trial]]:
     """Read, validate and expand; every trial config is checked before anything runs, and all
-    problems (spec and trial configs) come back together in one SpecError."""
+    problems (spec and trial configs) come back together in one SpecError. A spec of more than
+    ``max_trials`` trials is refused before any is built."""
     spec, err = parse_spec(Path(path))
     if not spec.base or not spec.base_path.is_file():
         raise SpecError(err.items)  # without a base no trial config can be built
+    if count_trials(spec) > max_trials:
+        err.items.append(too_many(spec, max_trials))
+        raise SpecError(err.items)
     trials = expand(spec)
     probes = _optuna_probes(spec, trials[0]) if spec.search.kind == "optuna" and trials else []
     validate_trials(spec, trials + probes, err)
@@ -177,6 +205,49 @@ def load_spec(path: str | Path) -> tuple[SweepSpec, list[Trial]]:
     if len(set(ids)) != len(ids):
         raise SpecError([f"{spec.path}: two trials expand to the same settings; remove the duplicate axis values"])
     return spec, trials
+
+
+def preview_spec(path: str | Path, rows: int) -> tuple[SweepSpec, list[Trial], int]:
+    """(spec, its first ``rows`` trials, validated, and the number of trials), for a dry run of a spec
+    of any size: the expansion is counted, never built."""
+    spec, err = parse_spec(Path(path))
+    if not spec.base or not spec.base_path.is_file() or err.items:
+        raise SpecError(err.items)
+    first = list(itertools.islice(iter_trials(spec), rows))
+    probes = _optuna_probes(spec, first[0]) if spec.search.kind == "optuna" and first else []
+    validate_trials(spec, first + probes, err)
+    return spec, first, count_trials(spec)
+
+
+def sweep_preflight(spec: SweepSpec, trials: list[Trial], *, memory_check: bool = True) -> list[str]:
+    """What the sweep needs before its MLflow run, folders or Ray exist (train/preflight.py): a store of a
+    known scheme that can be written, a storage folder outside git, and every trial's config (and
+    optuna's range ends) passing the training checks. A problem shared by trials is reported once."""
+    from ragen2_core.train.preflight import (build_lock_problems, config_problems, output_problems,
+                                             resolve_tracking, tracking_problems)
+
+    uri, label = resolve_tracking(spec.tracking.uri)
+    problems = tracking_problems(uri, label) + output_problems(spec.sweep_root, "storage")
+    probes = _optuna_probes(spec, trials[0]) if spec.search.kind == "optuna" and trials else []
+    found: dict[str, list[Trial]] = {}
+    cache: dict = {}
+    for t in trials + probes:
+        cfg = load_config(spec.base_path, t.overrides)
+        for msg in config_problems(cfg, memory_check=memory_check, cache=cache, check_output=False):
+            found.setdefault(msg, []).append(t)
+    n = len(trials + probes)
+    problems += [msg + (f" (in {len(bad)} of {n} trials, e.g. {bad[0].label})" if n > 1 else "")
+                 for msg, bad in found.items()]
+    return problems + build_lock_problems()
+
+
+def too_many(spec: SweepSpec, max_trials: int) -> str:
+    """The refusal of a spec over the trial cap: its count, where the count comes from, the override."""
+    n = count_trials(spec)
+    sizes = " x ".join(f"{k} {v:,}" for k, v in factors(spec).items())
+    return (f"{spec.path}: the spec expands to {n:,} trials ({sizes}), over the cap of {max_trials:,}; each "
+            f"trial is a training run. Shrink the axes, arms or seeds, or raise the cap with --max-trials {n} "
+            "(--dry-run shows the first trials)")
 
 
 def spec_hash(spec: SweepSpec) -> str:

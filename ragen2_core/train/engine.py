@@ -17,7 +17,7 @@ with world size 1 (gloo on CPU, nccl on GPU):
         loss = loss_fn(actor.forward(**micro_batch).logits, ref.logits(**micro_batch))
         actor.backward(loss)                       # loss NOT divided by grad_accum
         if actor.step():                           # True when the optimizer was applied
-            log(actor.grad_norm(), actor.lr())
+            log(actor.grad_norm(), actor.lr())     # a read from the device: last_grad_norm() defers it
     actor.save("runs/x/ckpt", "step_10", client_state={"step": 10})
     client_state = actor.load("runs/x/ckpt", "step_10")
     actor.module.save_pretrained("out", state_dict=actor.state_dict_for_export())
@@ -215,17 +215,23 @@ class TrainEngine:
         self.engine.step()
         if boundary:
             ds_norm = self.engine.get_global_grad_norm()
-            self._grad_norm = own_norm if ds_norm is None else float(ds_norm)
+            self._grad_norm = own_norm if ds_norm is None else (
+                ds_norm.detach().clone() if isinstance(ds_norm, torch.Tensor) else float(ds_norm))
         return boundary
 
-    def _param_grad_norm(self) -> float:
+    def _param_grad_norm(self) -> torch.Tensor | float:
         grads = [p.grad for p in self.engine.module.parameters() if p.grad is not None]
         if not grads:
             return math.nan
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads])))
+        return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
 
     def grad_norm(self) -> float:
         """Global gradient norm (before clipping) of the last applied step; NaN before the first."""
+        return float(self._grad_norm)
+
+    def last_grad_norm(self) -> torch.Tensor | float:
+        """`grad_norm` as it is kept: a tensor not yet read from the device (reading it makes the
+        host wait for the device, so a loop collects them and reads them once), or a float."""
         return self._grad_norm
 
     def lr(self) -> float:

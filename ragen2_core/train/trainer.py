@@ -13,6 +13,8 @@ would, given the model, optimizer and loop state in the checkpoint.
 """
 from __future__ import annotations
 
+import functools
+import operator
 import random
 import time
 from dataclasses import dataclass, field
@@ -41,7 +43,7 @@ from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import TrainEngine, init_distributed, reference_policy
 from ragen2_core.train.grad_probe import probe_batch
-from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, unwindow, window
+from ragen2_core.train.shared_prefix import RowPlan, forward_window, micro_batch_order, unwindow, upload, window
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
 from ragen2_core.types import PreparedBatch, RolloutBatch
@@ -266,9 +268,10 @@ def setup(cfg, sink) -> Run:
               if algo.advantage == "gae" else None)
     sampling = SamplingParams(temperature=rcfg.temperature, top_p=rcfg.top_p, top_k=rcfg.top_k,
                               max_new_tokens=rcfg.max_new_tokens,
-                              max_context_tokens=rcfg.max_context_tokens)
+                              max_context_tokens=rcfg.max_context_tokens, compile=rcfg.compile)
     eval_sampling = sampling if not cfg.train.eval_greedy else SamplingParams(
-        greedy=True, max_new_tokens=rcfg.max_new_tokens, max_context_tokens=rcfg.max_context_tokens)
+        greedy=True, max_new_tokens=rcfg.max_new_tokens, max_context_tokens=rcfg.max_context_tokens,
+        compile=rcfg.compile)
     whiten_adv = algo.whiten_advantages if algo.whiten_advantages is not None else algo.advantage == "gae"
     r = Run(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
             reference=reference, tok=tok, make_env=make_env, template=make_env().template_think,
@@ -474,43 +477,61 @@ def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy:
                          old_entropy=old_entropy, ref_logp=ref_logp, old_values=old_values, returns=returns, **share)
 
 
+def read_floats(logs: dict[str, list]) -> dict[str, list[float]]:
+    """The update's logged values as floats, tensors among them read from the device at once."""
+    tensors = [x for v in logs.values() for x in v if isinstance(x, torch.Tensor)]
+    read = iter(torch.stack([t.detach().double() for t in tensors]).tolist() if tensors else [])
+    return {k: [next(read) if isinstance(x, torch.Tensor) else float(x) for x in v] for k, v in logs.items()}
+
+
 def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float,
            weight: float = 1.0) -> dict[str, float]:
     """Advantages, then ppo_epochs x mini_batches optimizer steps over the kept rows; `scale` is the
     filter's loss scale (`algo/objective.py` decides what it multiplies). `weight` 0 takes part in
-    the steps without contributing (a data-parallel rank with nothing kept)."""
+    the steps without contributing (a data-parallel rank with nothing kept).
+
+    Nothing in the micro-batch loop waits for the device: the micro-batches are planned on the host
+    from the batch's own lists, and the metrics stay tensors until one read at the end."""
     algo, obj, actor, critic = r.cfg.algo, r.objective, r.actor, r.critic
     # ============================================================ advantage
     on_policy = algo.ppo_epochs == 1 and algo.mini_batches == 1
     p = prepare(r, batch, row_weight, on_policy=on_policy)
-    mask, lengths = p.mask, p.lengths
+    mask, device = p.mask, p.input_ids.device
     cut = lambda x, rows, L: None if x is None else x[rows, :L - 1]  # noqa: E731
+    lengths = np.array([len(ids) for ids in batch.token_ids])          # p.lengths, known on the host
+    groups = None if p.groups is None else np.array(batch.group_ids)
+    prompts: dict[tuple, int] = {}
+    prompt_id = [prompts.setdefault(tuple(ids[:k]), len(prompts)) for ids, k in zip(batch.token_ids, batch.prompt_len)]
+    plan = lambda rows: None if p.prefix_len is None else RowPlan(  # noqa: E731
+        lengths=lengths[rows].tolist(), prefix_len=[batch.prompt_len[b] for b in rows],
+        prompt=[prompt_id[b] for b in rows])
 
     # ============================================================ loss / step
-    logs: dict[str, list[float]] = {}
+    logs: dict[str, list] = {}
     # Pre-update entropy and KL, summed over reply tokens of the first pass (the scoring pass's
     # values when there was one): parameters only move at the accumulation boundary.
-    ent_sum = kl_sum = n_tok = 0.0
+    sums: dict[str, list] = {"entropy": [], "kl": [], "tokens": []}
     B = len(batch)
     # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
     train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
-        order = torch.from_numpy(step_rng(r.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)).to(lengths.device)
-        for mb in torch.tensor_split(order, algo.mini_batches):
+        order = step_rng(r.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)
+        for mb in np.array_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.
-            mb = mb[micro_batch_order(lengths[mb], None if p.groups is None else p.groups[mb])]
-            for rows in torch.tensor_split(mb, r.cfg.train.grad_accum):
+            mb = mb[micro_batch_order(lengths[mb], None if groups is None else groups[mb])]
+            for host_rows in np.array_split(mb, r.cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
-                mb_weight = weight if len(rows) else 0.0
-                rows = rows if len(rows) else mb[:1]
-                L = int(lengths[rows].max())
+                mb_weight = weight if len(host_rows) else 0.0
+                host_rows = host_rows if len(host_rows) else mb[:1]
+                L = int(lengths[host_rows].max())
+                rows = upload(host_rows.tolist(), device)
                 ids, attn, m_full = p.input_ids[rows, :L], p.attention_mask[rows, :L], mask[rows, :L - 1]
+                prefix = None if p.prefix_len is None else p.prefix_len[rows]
                 with torch.set_grad_enabled(train_actor):
-                    logits, start = forward_window(actor.forward, ids, attn,
-                                                   prefix_len=None if p.prefix_len is None else p.prefix_len[rows],
-                                                   logit_chunk=r.cfg.train.logit_chunk)
+                    logits, start = forward_window(actor.forward, ids, attn, prefix_len=prefix,
+                                                   logit_chunk=r.cfg.train.logit_chunk, plan=plan(host_rows))
                     w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
                     m = w(m_full)  # the actor's per-token tensors live in the logits' window
                     logp, entropy_tok = logp_entropy(logits, w(ids[:, 1:]))
@@ -520,27 +541,29 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                     actor.backward(terms["loss"] * mb_weight)
                     actor.step()
                 if epoch == 0 and mb_weight and p.old_logp is None:
-                    ent_sum += float((entropy_tok.detach() * m).sum())
+                    sums["entropy"].append((entropy_tok.detach() * m).sum())
                     if obj.uses_reference:
                         kl_tok = kl_penalty(logp.detach(), w(p.ref_logp[rows, :L - 1]), estimator=algo.kl_estimator)
-                        kl_sum += float((kl_tok * m).sum())
-                    n_tok += float(m.sum())
+                        sums["kl"].append((kl_tok * m).sum())
+                    sums["tokens"].append(m.sum())
                 for k in ("pg", "clipfrac", "clipfrac_lower", "approx_kl"):
-                    logs.setdefault({"pg": "actor/pg_loss"}.get(k, f"actor/{k}"), []).append(float(terms[k].detach()))
+                    logs.setdefault({"pg": "actor/pg_loss"}.get(k, f"actor/{k}"), []).append(terms[k].detach())
                 if critic is not None:
-                    v, v_start = forward_window(critic.forward, ids, attn,
-                                                prefix_len=None if p.prefix_len is None else p.prefix_len[rows])
+                    v, v_start = forward_window(critic.forward, ids, attn, prefix_len=prefix, plan=plan(host_rows))
                     wv = lambda x: window(x, v_start, v.shape[1])  # noqa: E731
                     vloss, vstats = value_loss(v[..., 0], wv(cut(p.old_values, rows, L)), wv(cut(p.returns, rows, L)),
                                                wv(m_full), clip=algo.value_clip, agg=algo.loss_agg)
                     critic.backward(vloss * mb_weight)
                     critic.step()
-                    logs.setdefault("critic/value_loss", []).append(float(vloss.detach()))
-                    logs.setdefault("critic/vf_clipfrac", []).append(float(vstats["vf_clipfrac"]))
-            logs.setdefault("actor/grad_norm", []).append(actor.grad_norm() if train_actor else float("nan"))
+                    logs.setdefault("critic/value_loss", []).append(vloss.detach())
+                    logs.setdefault("critic/vf_clipfrac", []).append(vstats["vf_clipfrac"])
+            logs.setdefault("actor/grad_norm", []).append(actor.last_grad_norm() if train_actor else float("nan"))
 
     # ============================================================ metrics
-    out = {k: float(np.mean(v)) for k, v in logs.items()}
+    values = read_floats(logs | {f"sum/{k}": v for k, v in sums.items()})
+    total = lambda k: functools.reduce(operator.add, values.pop(f"sum/{k}"), 0.0)  # noqa: E731  in loop order
+    ent_sum, kl_sum, n_tok = total("entropy"), total("kl"), total("tokens")
+    out = {k: float(np.mean(v)) for k, v in values.items()}
     if p.old_logp is not None:
         out["actor/entropy"] = float(aggregate(p.old_entropy, mask, mode="token-mean"))
         kl = (kl_penalty(p.old_logp, p.ref_logp, estimator=algo.kl_estimator)

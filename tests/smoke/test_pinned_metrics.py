@@ -19,9 +19,11 @@ PINNED = json.loads((Path(__file__).parents[1] / "fixtures" / "pinned_metrics.js
 OLD_BEHAVIOUR = ["algo.clip_ratio_c=null", "algo.kl_estimator=k3_exact", "train.logit_chunk=0"]
 NOISY = ("time/", "perf/")
 # Step 1's metrics come from the starting weights: f3e002d's own loop reproduced its pins to 2e-7 on
-# another machine. Later steps follow optimizer updates, and the same code on two machines drifted
+# another machine, and the landed code on a third gave a near-zero collapse/mi of -0.00107795
+# against the pinned -0.00107807 (a difference of sums of log-probs in float32), so step 1 is held to
+# 1e-6 absolute. Later steps follow optimizer updates, and the same code on two machines drifted
 # apart by up to 0.45 % (a near-zero pg_loss) through float summation order, so they are held to 1 %.
-TOLERANCE = {1: dict(rel=1e-5, abs=1e-7)}
+TOLERANCE = {1: dict(rel=1e-5, abs=1e-6)}
 LATER = dict(rel=1e-2, abs=1e-4)
 
 
