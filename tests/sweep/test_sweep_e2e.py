@@ -73,11 +73,26 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("policy-cache")
 
 
+def corrupt_policy(folder: Path) -> Path:
+    """A policy folder whose config and tokenizer read, so the driver's preflight passes it, but whose
+    weights are garbage: a failure that only loading the weights finds, inside the trial."""
+    from ragen2_core.policy.model import build_tiny_qwen2
+    from ragen2_core.policy.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["<think>Let me think.</think><answer>Left</answer>"] * 8, vocab_size=100)
+    build_tiny_qwen2(tok, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                     intermediate_size=32, seed=0).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file")
+    return folder
+
+
 def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     # The ppo arm (GAE, a critic, KL) is a trial whose setup loads a value head, which transformers
     # reports through sys.stdout; under Tune's log_to_file that stream once lacked isatty().
+    broken_model = corrupt_policy(tmp_path / "broken-model")
     spec = write_spec(tmp_path, "e2e", cache, arms={"a": {}, "ppo": {"algo.kl_coef": 0.01, "algo.advantage": "gae"},
-                                                    "broken": {"policy.model": str(tmp_path / "no-such-model")}})
+                                                    "broken": {"policy.model": str(broken_model)}})
     uri = f"sqlite:///{tmp_path}/mlflow.db"  # the default: mlflow.db in the cwd
     first = sweep(tmp_path, spec)
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]
@@ -108,7 +123,7 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     broken = by_arm["broken"]
     assert broken.info.status == "FAILED"
     error = client.download_artifacts(broken.info.run_id, "error.txt", str(tmp_path))
-    assert "no-such-model" in Path(error).read_text()
+    assert "safetensors" in Path(error).read_text().lower()
 
     # every run carries the commit (and dirty flag) of the code that trained it, as the sweep run does
     sha = parent.data.tags["ragen2.git_sha"]
