@@ -145,13 +145,13 @@ def trial_rows(sweep) -> list[str]:
     its validations, how much the filter kept and how many groups had no spread, and the verdict."""
     rows = ["| arm | seed | steps | template share: first → lowest → last window (largest rise) | "
             "MI: first → highest → last pair, nats (largest fall) | validation success | kept fraction | "
-            "zero-spread groups, last quarter | collapsed |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+            "zero-spread groups, last quarter | entropy: first → last 10 steps | collapsed |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in sorted(sweep.trials, key=lambda t: (sweep.arms.index(t.arm), t.condition, str(t.seed))):
         template, mi, success = t.curve("rollout/template_frac"), t.curve("collapse/mi"), t.curve("eval/success")
         o = collapse_onset(template, mi, success)
         tw, mw = [v for _, v in windows(template, TEMPLATE_WINDOW)], [v for _, v in windows(mi, MI_WINDOW)]
-        zero = t.curve("rollout/frac_zero_std_groups")[1]
+        zero, entropy = t.curve("rollout/frac_zero_std_groups")[1], t.curve("actor/entropy")[1]
         verdict = f"**yes**: {o.signal} at step {o.step}" if o.collapsed else "no"
         status = "" if t.status == "FINISHED" else f" ({t.status.lower()})"
         rows.append(
@@ -161,7 +161,7 @@ def trial_rows(sweep) -> list[str]:
             f"{_f(mw[0]) if mw else '-'} → {_f(max(mw)) if mw else '-'} → {_f(mw[-1]) if mw else '-'} ({_f(o.mi_fall)}) | "
             f"{' '.join(f'{100 * v:.1f}' for v in success[1]) or '-'} | "
             f"{_f(_mean(t.curve('filter/kept_ratio')[1]))} | {_f(_mean(zero[-max(1, len(zero) // 4):]) if zero else float('nan'))} | "
-            f"{verdict} |")
+            f"{_f(_mean(entropy[:10]), 3)} → {_f(_mean(entropy[-10:]), 3)} | {verdict} |")
     return rows
 
 
