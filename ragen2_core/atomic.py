@@ -4,12 +4,16 @@ file for a reader or a resume to trip over. The file gets the mode any new file 
 umask), not the temp file's private 0600.
 
     write_text_atomic(out_dir / "result.json", json.dumps(result))
+    folder = build_folder_once(cache / "name", "meta.json", lambda tmp: save_all(tmp))   # folders too
 """
 from __future__ import annotations
 
+import fcntl
 import os
+import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
@@ -32,6 +36,33 @@ def _write_atomic(path: str | Path, content, mode: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def build_folder_once(final: str | Path, marker: str, build: Callable[[Path], object],
+                      rebuild: bool = False) -> Path:
+    """``final``, built by ``build(tmp)`` into a temp folder beside it and renamed into place, unless
+    ``final/marker`` exists already. One lock per folder: concurrent callers (a sweep's trials) build
+    it once, and builds of different folders run side by side. ``rebuild`` builds it whatever exists;
+    the old copy steps aside only once the new one is whole."""
+    final = Path(final)
+    root = final.parent
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{final.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / marker).exists() and not rebuild:  # built by another process while we waited
+            return final
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        old = root / f".old-{final.name}"
+        try:
+            build(tmp)
+            if final.exists():
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+            os.replace(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def current_umask() -> int:

@@ -55,8 +55,7 @@ def cmd_warmstart(cfg, args) -> int:
         return _refuse("warmstart", problems)
     from ragen2_core.policy.warmstart import embedded_policy_path, find_policy, ship
     if cfg.policy.model != "embedded":
-        print(f"policy: {cfg.policy.model} (policy.model is not embedded: nothing to build)")
-        return 0
+        return _warmstart_pretrained(cfg, args)
     _threads(cfg)
     t0 = time.time()
     _, where = find_policy(cfg.policy, cfg.warmstart, cfg.env)
@@ -67,6 +66,20 @@ def cmd_warmstart(cfg, args) -> int:
         shipped = ship(path)
         size = sum(f.stat().st_size for f in shipped.iterdir())
         print(f"shipped: {shipped} ({size / 2**20:.1f} MB); commit it to the repository")
+    return 0
+
+
+def _warmstart_pretrained(cfg, args) -> int:
+    from ragen2_core.policy.gguf import resolve_model
+    base = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
+    if not (cfg.warmstart.enabled and cfg.warmstart.pretrained):
+        print(f"policy: {base} (a pretrained model with warmstart.pretrained=false: nothing to build)")
+        return 0
+    from ragen2_core.policy.format_warmstart import format_policy_path
+    _threads(cfg)
+    t0 = time.time()
+    path = format_policy_path(base, cfg.policy, cfg.warmstart, cfg.env, rebuild=args.rebuild)
+    print(f"policy: {path} (format warm start of {cfg.policy.model}, {time.time() - t0:.1f}s)")
     return 0
 
 
@@ -93,6 +106,7 @@ def cmd_eval(cfg, args) -> int:
                             fmt=prompt_format(tok, cfg.policy.chat_template))
     stats["seconds"] = round(time.time() - t0, 2)
     stats["random_policy_success"] = random_baseline(make_env, seeds=seeds)["success"]
+    stats |= _intervals(stats, episodes=len(seeds), turns=sum(batch.n_turns))
     print(f"policy {path} on {cfg.env.name} (slip {cfg.env.slip}), {len(seeds)} validation seeds, "
           f"{'sampled' if args.sample else 'greedy'}:")
     print(json.dumps(stats, indent=2))
@@ -101,6 +115,20 @@ def cmd_eval(cfg, args) -> int:
               f"reward {batch.episode_reward[b]:.2f}) ---")
         print(tok.decode(batch.token_ids[b]))
     return 0
+
+
+def _intervals(stats: dict, *, episodes: int, turns: int) -> dict:
+    """95 % Wilson intervals of the shares `ragen2 eval` prints. The format-valid one counts turns as
+    independent (turns of one episode are not), so it is narrower than the truth."""
+    from ragen2_core.report.stats import wilson_ci
+
+    def ci(share, n):
+        e = wilson_ci(round(share * n), n)
+        return [round(e.low, 4), round(e.high, 4)]
+    out = {"success_ci95": ci(stats["success"], episodes), "format_valid_ci95": ci(stats["format_valid"], turns)}
+    if stats["random_policy_success"] is not None:
+        out["random_policy_success_ci95"] = ci(stats["random_policy_success"], episodes)
+    return out
 
 
 def cmd_train(cfg, args) -> int:

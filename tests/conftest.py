@@ -43,3 +43,37 @@ def policy():
     model = build_tiny_qwen2(tok, hidden_size=32, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=64, seed=0).eval()
     return model, tok
+
+
+@pytest.fixture
+def check_rollout_ids():
+    """``check(batch, tok, fmt)``: every row of a rollout is the format's pieces, rebuilt from the
+    row's messages alone, alternating with the sampled replies (the ids trained on are the ids
+    generated from, across turns). Returns each row's reply ids."""
+    return _check_rollout_ids
+
+
+def _check_rollout_ids(batch, tok, fmt):
+    enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
+    eot = enc(fmt.end_of_turn)[0] if fmt.end_of_turn else None
+    out = []
+    for b in range(len(batch)):
+        ids, mask, msgs = batch.token_ids[b], batch.response_mask[b], batch.messages[b]
+        runs, start = [], 0  # alternating (piece, reply) runs of the row
+        for i in range(1, len(ids) + 1):
+            if i == len(ids) or mask[i] != mask[start]:
+                runs.append((mask[start], ids[start:i]))
+                start = i
+        pieces = [r for m, r in runs if m == 0]
+        replies = [r for m, r in runs if m == 1]
+        assert len(pieces) == len(replies) == batch.n_turns[b] == sum(m["role"] == "assistant" for m in msgs)
+        conv = fmt.start(msgs[0]["content"], msgs[1]["content"])
+        assert pieces[0] == enc(conv.text) and batch.prompt_len[b] == len(pieces[0])
+        for k in range(1, len(pieces)):
+            conv.reply(msgs[2 * k]["content"].removeprefix("<think>"))
+            expect = enc(conv.follow(msgs[2 * k + 1]["content"]))
+            if replies[k - 1][-1] == eot:
+                expect = expect[1:]  # the policy closed its own turn; the piece does not repeat it
+            assert pieces[k] == expect
+        out.append(replies)
+    return out

@@ -1,6 +1,7 @@
 """Policy construction: the tiny embedded Qwen2 or any HF causal LM, through the same code path.
 
-    model, tok = load_pretrained("Qwen/Qwen2.5-0.5B-Instruct")    # or a local directory
+    model, tok = load_pretrained("Qwen/Qwen2.5-0.5B-Instruct")    # or a local directory, a .gguf file
+    model, tok = load_pretrained("smollm2-135m-instruct")         # a GGUF in an installed wheel
     model = build_tiny_qwen2(tok, hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2,
                              intermediate_size=384, seed=0)
 """
@@ -10,6 +11,7 @@ import torch
 import json
 from pathlib import Path
 
+from ragen2_core.policy.gguf import resolve_model
 from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config,
                           Qwen2ForCausalLM)
 
@@ -34,22 +36,30 @@ def build_tiny_qwen2(tokenizer, *, hidden_size: int, num_layers: int, num_heads:
     return model
 
 
-def load_pretrained(name_or_path: str, *, dtype: str = "float32"):
-    """Load an HF causal LM and its tokenizer by hub name or local directory.
+def load_pretrained(name_or_path: str, *, dtype: str = "float32", cache_dir: str = "~/.cache/ragen2"):
+    """Load an HF causal LM and its tokenizer by hub name, local directory, or GGUF (a ``.gguf`` file
+    or a known name, converted once into ``cache_dir``: policy/gguf.py).
 
     A tokenizer without a pad token gets its eos as pad; padding goes on the left because the
     rollout engine appends generated tokens on the right."""
-    if (Path(name_or_path) / EMBEDDED_MARKER).exists():
+    name_or_path = resolve_model(name_or_path, cache_dir)
+    tokenizer = load_tokenizer(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
+    return model, tokenizer
+
+
+def load_tokenizer(folder_or_name: str):
+    """The tokenizer ``load_pretrained`` gives, without the model (of a folder or hub name)."""
+    if (Path(folder_or_name) / EMBEDDED_MARKER).exists():
         # AutoTokenizer would see model_type "qwen2" in config.json and impose Qwen2's own
         # pre-tokenizer on our tokenizer.json, silently changing every encoding.
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(name_or_path)
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(folder_or_name)
     else:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(folder_or_name)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=DTYPES[dtype])
-    return model, tokenizer
+    return tokenizer
 
 
 def save_policy(model, tokenizer, directory, meta: dict, state_dict: dict | None = None) -> None:

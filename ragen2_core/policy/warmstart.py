@@ -19,7 +19,6 @@ looked up in the cache, then there, and built only when neither has its key.
 """
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import math
@@ -33,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from ragen2_core.atomic import build_folder_once
 from ragen2_core.config import RL_ONLY_ENV_FIELDS, trace_env
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.model import EMBEDDED_MARKER, build_tiny_qwen2, count_parameters, save_policy
@@ -83,6 +83,7 @@ def cache_key(policy_cfg, warm_cfg, env_cfg) -> str:
              "env": {k: v for k, v in asdict(trace_env(env_cfg, warm_cfg.env)).items()
                      if k not in (*RL_ONLY_ENV_FIELDS, *unused)}}
     shape["warmstart"].pop("env")
+    shape["warmstart"].pop("pretrained")  # a pretrained model's switch: never shapes the embedded one
     shape["policy"].pop("cache_dir")
     shape["policy"].pop("model")
     # Adapters are injected when training starts (policy/load.py); the warm start never sees them.
@@ -122,7 +123,7 @@ def grounded_stage(warm_cfg):
     return replace(warm_cfg, grounded_frac=1.0, steps=warm_cfg.grounded_steps, grounded_steps=0)
 
 
-def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
+def expert_traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
             ) -> list[list[tuple[str, str]]]:
     rng = random.Random(warm_cfg.seed + seed_base)
     episodes = []
@@ -135,12 +136,18 @@ def _traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = 
     return episodes
 
 
-def _tokenize(episodes, tok) -> list[tuple[list[int], list[int]]]:
+def tokenize_traces(episodes, tok, eot: int | None = None) -> list[tuple[list[int], list[int]]]:
+    """(ids, loss mask) per episode, each piece encoded on its own as the rollout encodes it. With a
+    chat template's end-of-turn token ``eot``, each reply is trained to end with it and the next piece
+    starts after it, exactly the ids of a rollout in which the policy closed its own turns."""
     out = []
     for ep in episodes:
         ids, mask = [], []
         for chunk, reply in ep:
             c, r = tok.encode(chunk, add_special_tokens=False), tok.encode(reply, add_special_tokens=False)
+            if eot is not None:
+                c = c[1:] if ids and c[:1] == [eot] else c
+                r = r + [eot]
             ids += c + r
             mask += [0] * len(c) + [1] * len(r)
         out.append((ids, mask))
@@ -199,10 +206,10 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
     if template:
         # Rendering needs a tokenizer; a draft trained on the raw traces renders the corpus that the
         # real one is trained on, so the template's own words become tokens too.
-        draft = train_tokenizer([c + r for ep in _traces(warm_cfg, env_cfg, 50, seed_base=0) for c, r in ep],
+        draft = train_tokenizer([c + r for ep in expert_traces(warm_cfg, env_cfg, 50, seed_base=0) for c, r in ep],
                                 vocab_size=policy_cfg.vocab_size, specials=specials)
         fmt = ChatFormat(draft, template)
-    corpus_eps = _traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0, fmt=fmt)
+    corpus_eps = expert_traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0, fmt=fmt)
     # The corpus also sees the grounded style for every env, whatever grounded_frac is.
     texts = [c + r for ep in corpus_eps for c, r in ep]
     for name in warm_cfg.envs:
@@ -220,8 +227,8 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
     meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg)}
     if warm_cfg.enabled:
         # Training episodes use seeds disjoint from the tokenizer corpus and from validation.
-        episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, fmt=fmt)
-        data = _tokenize(episodes, tok)
+        episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, fmt=fmt)
+        data = tokenize_traces(episodes, tok)
         losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
                                  lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)
         meta |= {"final_loss": sum(losses[-20:]) / len(losses[-20:]),
@@ -238,8 +245,8 @@ def _continue_embedded(out_dir: Path, warm_cfg, env_cfg, base_dir: Path) -> dict
     from ragen2_core.policy.model import load_pretrained
     t0 = time.time()
     model, tok = load_pretrained(str(base_dir))
-    episodes = _traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000)
-    data = _tokenize(episodes, tok)
+    episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000)
+    data = tokenize_traces(episodes, tok)
     losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
                              lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)
     meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg),
@@ -273,27 +280,13 @@ def embedded_policy_path(policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -
         base = embedded_policy_path(policy_cfg, grounded_stage(warm_cfg), env_cfg)
     elif warm_cfg.init_from == "default":
         base = embedded_policy_path(*default_configs(policy_cfg.cache_dir))
-    root = Path(os.path.expanduser(policy_cfg.cache_dir))
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
-    # One lock per policy: builds of different policies (a sweep over warm-start recipes) run side by side.
-    with open(root / f".{final.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (final / EMBEDDED_MARKER).exists() and not rebuild:  # built by another process while we waited
-            return final
+    final = Path(os.path.expanduser(policy_cfg.cache_dir)) / f"embedded-{cache_key(policy_cfg, warm_cfg, env_cfg)}"
+
+    def build(tmp: Path) -> None:
         print(f"[warmstart] building embedded policy -> {final}", flush=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
-        old = root / f".old-{final.name}"
-        try:
-            build_embedded(tmp, policy_cfg, warm_cfg, env_cfg, base_dir=base)
-            if final.exists():  # a rebuild: the old copy steps aside only once the new one is whole
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-            os.replace(tmp, final)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+        build_embedded(tmp, policy_cfg, warm_cfg, env_cfg, base_dir=base)
+
+    return build_folder_once(final, EMBEDDED_MARKER, build, rebuild=rebuild)
 
 
 def ship(path: Path) -> Path:

@@ -26,6 +26,16 @@ def think_text(response: str) -> str:
     return response.removeprefix("<think>").split("</think>", 1)[0].strip()
 
 
+def shared_think_frac(thinks: list[str], prompts: list[int]) -> float:
+    """Share of reasonings written word for word for at least two different prompts: text that
+    cannot depend on its input. The template share of a model whose template nobody knows (a real
+    LM's "To solve this puzzle, we need to..."); on the embedded envs it also counts the template."""
+    seen: dict[str, set[int]] = {}
+    for t, p in zip(thinks, prompts):
+        seen.setdefault(t, set()).add(p)
+    return sum(len(seen[t]) > 1 for t in thinks) / max(len(thinks), 1)
+
+
 def batch_stats(batch: RolloutBatch, template: str | None = None) -> dict[str, float]:
     """Mean stats of a batch. With the env's ``template`` reasoning sentence it adds the share of turns
     that reason with exactly that sentence, and success split by the first turn's style: a direct,
@@ -39,6 +49,8 @@ def batch_stats(batch: RolloutBatch, template: str | None = None) -> dict[str, f
         "format_valid": sum(batch.n_valid_turns) / max(turns, 1),
         "turns": turns / n,
         "think_tokens": sum(think) / max(len(think), 1),
+        "shared_think_frac": shared_think_frac([think_text(rs[0]) for rs in batch.responses if rs],
+                                               [s for rs, s in zip(batch.responses, batch.env_seeds) if rs]),
     }
     if template is not None:
         is_tpl = [[think_text(r) == template for r in rs] for rs in batch.responses]

@@ -64,7 +64,7 @@ def eval_preflight(cfg) -> list[str]:
 def warmstart_preflight(cfg) -> list[str]:
     """``ragen2 warmstart``: the policy cache is writable and every env of ``warmstart.envs`` builds."""
     if cfg.policy.model != "embedded":
-        return []  # nothing is built
+        return policy_problems(cfg)[1]  # a GGUF is converted; a format warm start checked
     from ragen2_core.config import trace_env
 
     return (output_problems(cfg.policy.cache_dir, "policy.cache_dir")
@@ -137,9 +137,15 @@ def policy_problems(cfg) -> tuple[Shape | None, list[str]]:
 
         missing = find_policy(cfg.policy, cfg.warmstart, cfg.env)[1] == "missing"
         return embedded_shape(cfg.policy), output_problems(cfg.policy.cache_dir, "policy.cache_dir") if missing else []
-    name, folder = cfg.policy.model, Path(cfg.policy.model)  # as load_pretrained reads it: no ~ expansion
+    from ragen2_core.policy.gguf import GGUFError, resolve_model
+
     fix = ("give a folder that save_pretrained wrote (config.json, the tokenizer's files, the weights), "
-           "an HF model name, or embedded")
+           "an HF model name, a .gguf file, or embedded")
+    try:  # a GGUF is converted here, once, so that trials find the folder ready
+        name = resolve_model(cfg.policy.model, cfg.policy.cache_dir)
+    except GGUFError as e:
+        return None, [f"policy.model: {e}"]
+    folder = Path(name)  # as load_pretrained reads it: no ~ expansion
     if folder.is_dir() and not any(next(folder.glob(g), None) for g in WEIGHT_FILES):
         return None, [f"policy.model: the folder {name!r} holds no weights (model.safetensors or "
                       f"pytorch_model.bin); {fix}"]
@@ -148,18 +154,25 @@ def policy_problems(cfg) -> tuple[Shape | None, list[str]]:
     except Exception as e:  # noqa: BLE001 - any failure to read a user's model folder is this answer
         first = (str(e).strip().splitlines() or [""])[0][:300]
         return None, [f"policy.model: cannot load {name!r} ({type(e).__name__}: {first}); {fix}"]
-    return hf_shape(config), []
+    return hf_shape(config), _format_warmstart_problems(cfg)
+
+
+def _format_warmstart_problems(cfg) -> list[str]:
+    """A pretrained model's format warm start (built at the first load) has its traces and a cache."""
+    if not (cfg.warmstart.enabled and cfg.warmstart.pretrained):
+        return []
+    from ragen2_core.config import trace_env
+    return (output_problems(cfg.policy.cache_dir, "policy.cache_dir")
+            + env_problems(trace_env(cfg.env, cfg.warmstart.env), cfg.warmstart.envs))
 
 
 def _read_config_and_tokenizer(name: str):
-    from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerFast
+    from transformers import AutoConfig
 
-    from ragen2_core.policy.model import EMBEDDED_MARKER
+    from ragen2_core.policy.model import load_tokenizer
 
     config = AutoConfig.from_pretrained(name)
-    # The same tokenizer class load_pretrained picks, so what loads here loads there.
-    cls = PreTrainedTokenizerFast if (Path(name) / EMBEDDED_MARKER).exists() else AutoTokenizer
-    cls.from_pretrained(name)
+    load_tokenizer(name)  # the tokenizer load_pretrained reads, so what loads here loads there
     return config
 
 

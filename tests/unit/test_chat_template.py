@@ -121,42 +121,23 @@ def test_pieces_equal_whole_rendering_for_canonical_replies(chat_policy, loaded)
     assert multi >= 3  # the boundaries between turns were exercised
 
 
-def test_rollout_ids_are_the_pieces_and_the_sampled_replies(chat_policy):
+def test_rollout_ids_are_the_pieces_and_the_sampled_replies(chat_policy, check_rollout_ids):
     """A random policy samples replies whose ids are often not the canonical encoding of their text.
     Re-rendering the whole conversation would then tokenise them differently; we keep the ids as
     sampled, and everything between the replies is exactly the template's pieces."""
     model, tok = chat_policy
     fmt = prompt_format(tok, "auto")
-    eot = tok.convert_tokens_to_ids("<|im_end|>")
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
     batch = rollout(model, tok, fl, env_seeds=[1, 1, 2, 2, 3, 3], dynamics_seeds=list(range(6)),
                     group_ids=[0, 0, 1, 1, 2, 2], sampling=SamplingParams(max_new_tokens=10),
                     generator=torch.Generator().manual_seed(0), fmt=fmt)
+    replies = check_rollout_ids(batch, tok, fmt)
     rewritten = 0
-    for b in range(len(batch)):
-        ids, mask, msgs = batch.token_ids[b], batch.response_mask[b], batch.messages[b]
-        # split the row into alternating (piece, reply) runs
-        runs, start = [], 0
-        for i in range(1, len(ids) + 1):
-            if i == len(ids) or mask[i] != mask[start]:
-                runs.append((mask[start], ids[start:i]))
-                start = i
-        pieces = [r for m, r in runs if m == 0]
-        replies = [r for m, r in runs if m == 1]
-        assert len(pieces) == len(replies) == batch.n_turns[b] == sum(m["role"] == "assistant" for m in msgs)
-        # Rebuild the pieces from the messages alone.
-        conv = fmt.start(msgs[0]["content"], msgs[1]["content"])
-        assert pieces[0] == enc(conv.text) and batch.prompt_len[b] == len(pieces[0])
-        for k in range(1, len(pieces)):
-            conv.reply(msgs[2 * k]["content"].removeprefix("<think>"))
-            expect = enc(conv.follow(msgs[2 * k + 1]["content"]))
-            if replies[k - 1][-1] == eot:
-                expect = expect[1:]  # the policy closed its own turn; the piece does not repeat it
-            assert pieces[k] == expect
-        canonical = [enc(tok.decode(r, skip_special_tokens=False)) == r for r in replies]
+    for b, row in enumerate(replies):
+        canonical = [enc(tok.decode(r, skip_special_tokens=False)) == r for r in row]
         if not all(canonical):
             rewritten += 1
-            assert whole(tok, msgs) != ids  # what re-rendering would have trained on instead
+            assert whole(tok, batch.messages[b]) != batch.token_ids[b]  # what re-rendering would have trained on
     assert rewritten >= 1
 
 

@@ -12,7 +12,7 @@ from ragen2_core.envs.code import CodeEnv, generate_problem, load_deepcoder, san
 from ragen2_core.envs.math import split_of
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
-from ragen2_core.policy.warmstart import _traces, expert_episode
+from ragen2_core.policy.warmstart import expert_episode, expert_traces
 
 pytestmark = pytest.mark.usefixtures("sandbox")  # fails loudly where programs cannot be sandboxed
 DEEPCODER = str(Path(__file__).parents[1] / "fixtures" / "deepcoder_small.jsonl")
@@ -158,7 +158,7 @@ def test_config_registry_and_expert_trace():
 
 def test_tokenizer_round_trips_code():
     cfg = load_config(None, ["warmstart.envs=[code]", "env.code.difficulty=3"])
-    texts = [c + r for ep in _traces(cfg.warmstart, cfg.env, 60, 0) for c, r in ep]
+    texts = [c + r for ep in expert_traces(cfg.warmstart, cfg.env, 60, 0) for c, r in ep]
     tok = train_tokenizer(texts, vocab_size=400)
     odd = "def f(s):\n\tif s >= '0':  # é ✓\n        return {'k': [1, 2]}[s] ** 2 / 3.0\n"
     for text in texts + [odd]:

@@ -10,7 +10,7 @@ from ragen2_core.config import ConfigError, load_config
 from ragen2_core.envs.math import MathEnv, generate_problem, load_metamath, normalize_answer, split_of
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
-from ragen2_core.policy.warmstart import _traces, cache_key, expert_episode
+from ragen2_core.policy.warmstart import cache_key, expert_episode, expert_traces
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 METAMATH = str(FIXTURES / "metamathqa_small.jsonl")
@@ -143,7 +143,7 @@ def test_expert_episode_is_one_turn_and_earns_the_reward():
 
 def test_tokenizer_round_trips_math_text_and_keeps_tags_single_tokens():
     cfg = load_config(None, ["warmstart.envs=[math]", "env.math.difficulty=5"])
-    texts = [c + r for ep in _traces(cfg.warmstart, cfg.env, 60, 0) for c, r in ep]
+    texts = [c + r for ep in expert_traces(cfg.warmstart, cfg.env, 60, 0) for c, r in ep]
     tok = train_tokenizer(texts, vocab_size=400)
     extra = ["\\frac{3}{4} = 0.75, 1,000 · π ≈ 3.14159", "-12 / 4 = -3."]
     for text in texts + extra:

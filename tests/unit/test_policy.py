@@ -101,7 +101,7 @@ def test_warmstart_cache_is_keyed_and_reused(tmp_path, monkeypatch):
 
 def test_expert_traces_mix_grounded_and_template():
     cfg = load_config(None, ["warmstart.grounded_frac=0.5", "warmstart.envs=[frozenlake]"])
-    episodes = warmstart._traces(cfg.warmstart, cfg.env, 200, seed_base=0)
+    episodes = warmstart.expert_traces(cfg.warmstart, cfg.env, 200, seed_base=0)
     env = make_env("frozenlake", slip=0.0)
     env.reset(0)
     fixed = env.expert_turn("template").think
@@ -212,7 +212,7 @@ def test_traces_are_played_in_the_warmstart_env():
                                                  "warmstart.env.doors.max_path_len=3",
                                                  "env.success_reward=10", "warmstart.grounded_frac=1.0",
                                                  "warmstart.grounded_steps=0"])
-    episodes = warmstart._traces(cfg.warmstart, cfg.env, 20, seed_base=0)
+    episodes = warmstart.expert_traces(cfg.warmstart, cfg.env, 20, seed_base=0)
     for ep in episodes:
         # A 3-door path is walked in two turns (2 + 1 moves); the second turn's prompt shows the
         # first turn's reward at the env's own scale (0), never the run's success_reward.
