@@ -19,6 +19,11 @@ The last line printed is one JSON object; ``ratio`` = naive time / our time (goa
     python benchmarks/rollout.py [--episodes 64] [--threads 2] [--repeats 2] [--compile] [--against REV]
                                  [--config FILE] [--set k=v ...]
 
+A real model, in its own chat template (the HF drivers render the episodes as the engine does):
+
+    python benchmarks/rollout.py --config sweeps/base/smollm2_frozenlake.yaml \
+        --set warmstart.pretrained=false --episodes 16 --skip-naive
+
 ``--backend vllm`` (run it in the vLLM environment, ``bash scripts/setup_vllm.sh``) measures instead our
 engine against the vLLM backend on a random-init model of Qwen2.5-0.5B's shape (vocabulary 151,936,
 fp32), the same 64 multi-turn FrozenLake episodes, seeds and per-turn budget through the same
@@ -42,19 +47,22 @@ from ragen2_core.config import load_config
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.load import load_policy
 from ragen2_core.rollout.engine import SamplingParams, rollout, single_token_id
-from ragen2_core.rollout.prompt import first_chunk, next_chunk
+from ragen2_core.rollout.prompt import RAW, RawFormat, prompt_format, user_text
 
 
-def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool) -> int:
-    """Play the episodes with HF generate; returns the number of generated tokens."""
+def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool, fmt: RawFormat = RAW) -> int:
+    """Play the episodes with HF generate, rendering them in ``fmt`` as the engine does; returns the
+    number of generated tokens."""
     envs = [make_env() for _ in seeds]
     obs = [e.reset(s, dynamics_seed=s) for e, s in zip(envs, seeds)]
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
-    hist = [enc(first_chunk(e.system_prompt(), o, e.actions_left, p.max_new_tokens)) for e, o in zip(envs, obs)]
-    stop = [single_token_id(tok, "</answer>"), tok.eos_token_id]
+    convs = [fmt.start(e.system_prompt(), user_text(1, o, e.actions_left, p.max_new_tokens)) for e, o in zip(envs, obs)]
+    hist = [enc(c.text) for c in convs]
+    eot = single_token_id(tok, fmt.end_of_turn) if fmt.end_of_turn else None
+    stop = [t for t in (single_token_id(tok, "</answer>"), tok.eos_token_id, eot) if t is not None]
     kw = dict(do_sample=True, temperature=p.temperature, top_k=0, top_p=1.0,
               max_new_tokens=p.max_new_tokens, eos_token_id=stop, pad_token_id=tok.pad_token_id)
-    active, generated = list(range(len(seeds))), 0
+    active, generated, turn = list(range(len(seeds))), 0, 1
     while active:
         if batched:
             L = max(len(hist[b]) for b in active)
@@ -64,16 +72,19 @@ def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool) 
         else:
             out = [model.generate(input_ids=torch.tensor([hist[b]]), **kw)[0, len(hist[b]):].tolist()
                    for b in active]
-        still = []
+        still, turn = [], turn + 1
         for b, reply in zip(active, out):
             reply = reply[:next((i + 1 for i, t in enumerate(reply) if t in stop), len(reply))]
             generated += len(reply)
-            result = envs[b].step("<think>" + tok.decode(reply, skip_special_tokens=True))
+            said = tok.decode(reply, skip_special_tokens=True)
+            convs[b].reply(said)
+            result = envs[b].step("<think>" + said)
             hist[b] += reply
             if not result.done:
                 still.append(b)
-                hist[b] += enc(next_chunk(result.reward, len(still), result.observation,
-                                          envs[b].actions_left, p.max_new_tokens))
+                piece = enc(convs[b].follow(user_text(turn, result.observation, envs[b].actions_left,
+                                                      p.max_new_tokens, reward=result.reward)))
+                hist[b] += piece[1:] if eot is not None and reply[-1:] == [eot] and piece[:1] == [eot] else piece
         active = still
     return generated
 
@@ -165,6 +176,7 @@ def main() -> None:
     make_env = env_factory(cfg.env)
     seeds = list(range(args.episodes))
     p = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
+    fmt = prompt_format(tok, cfg.policy.chat_template)
 
     def ours(compiled: bool = False, engine=None):
         """Our rollout (`engine`: another version's engine module, with its own SamplingParams)."""
@@ -173,13 +185,13 @@ def main() -> None:
         else:
             play, sampling = engine.rollout, engine.SamplingParams(temperature=1.0, max_new_tokens=p.max_new_tokens)
         b = play(model, tok, make_env, env_seeds=seeds, dynamics_seeds=seeds, group_ids=seeds,
-                 sampling=sampling, generator=torch.Generator().manual_seed(0))
+                 sampling=sampling, generator=torch.Generator().manual_seed(0), fmt=fmt)
         return sum(sum(m) for m in b.response_mask)
 
     def hf(batched):
         torch.manual_seed(0)
         with torch.no_grad():
-            return hf_driver(model, tok, make_env, seeds, p, batched=batched)
+            return hf_driver(model, tok, make_env, seeds, p, batched=batched, fmt=fmt)
 
     ways = {"ours": ours, "hf_batched": lambda: hf(True)}
     if not args.skip_naive:

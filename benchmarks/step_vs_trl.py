@@ -7,6 +7,11 @@ with ``ratio`` = our tokens/s / TRL tokens/s (goal 1.5). TRL is a benchmark-only
 ``pip install -e .[bench]``.
 
     python benchmarks/step_vs_trl.py [--steps 4] [--threads 2]
+    python benchmarks/step_vs_trl.py --model smollm2-135m-instruct --lora-r 16 --groups 4 --group-size 4
+
+``--model`` takes any ``policy.model`` (an HF folder, a .gguf, smollm2-135m-instruct): both sides then
+prompt in its chat template and stop at its end-of-turn token; ``--lora-r`` trains LoRA adapters on
+both sides (ours: ``policy.lora``; TRL: a peft ``LoraConfig`` on the same modules).
 """
 from __future__ import annotations
 
@@ -20,11 +25,15 @@ import torch
 from ragen2_core.config import load_config
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.load import resolve_policy_path
-from ragen2_core.rollout.prompt import first_chunk
+from ragen2_core.policy.gguf import resolve_model
+from ragen2_core.policy.model import load_tokenizer
+from ragen2_core.rollout.engine import single_token_id
+from ragen2_core.rollout.prompt import prompt_format, user_text
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
 
 GROUPS, GROUP_SIZE, MAX_NEW = 8, 8, 48
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 def default_policy() -> str:
@@ -53,20 +62,23 @@ def ours(steps: int, threads: int, out: str, *, path: str | None = None, groups:
 
 
 def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: int = GROUPS,
-        group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, cuda: bool = False) -> dict:
+        group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, cuda: bool = False, lora_r: int = 0) -> dict:
     """TRL's GRPOTrainer on `path` (default: the embedded policy); `cuda` trains in bf16 on the GPU."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     cfg = load_config("sweeps/base/frozenlake_tiny.yaml", ["env.max_turns=1"])
     path = path or default_policy()
-    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    tok = load_tokenizer(path)
+    fmt = prompt_format(tok, "auto")  # the prompt our trainer renders: the model's template, or raw text
     make_env = env_factory(cfg.env)
     prompts, seeds = [], list(range(groups * (steps + 1)))
     for s in seeds:
         env = make_env()
-        prompts.append(first_chunk(env.system_prompt(), env.reset(s), env.actions_left, max_new))
+        prompts.append(fmt.start(env.system_prompt(), user_text(1, env.reset(s), env.actions_left, max_new)).text)
+    stop = [t for t in (single_token_id(tok, "</answer>"), tok.eos_token_id,
+                        single_token_id(tok, fmt.end_of_turn) if fmt.end_of_turn else None) if t is not None]
 
     def reward(completions, seed, **_):
         out = []
@@ -96,13 +108,16 @@ def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: 
                       report_to=[], save_strategy="no", beta=0.0, dataloader_num_workers=0,
                       shuffle_dataset=False,
                       # stop where our engine stops, so both generate the same kind of replies
-                      generation_kwargs={"eos_token_id": [tok.convert_tokens_to_ids("</answer>"),
-                                                          tok.eos_token_id]})
+                      generation_kwargs={"eos_token_id": stop})
     clock = Clock()
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
+    peft = None
+    if lora_r:
+        from peft import LoraConfig
+        peft = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=args,
                           train_dataset=Dataset.from_dict({"prompt": prompts, "seed": seeds}),
-                          processing_class=tok, callbacks=[clock])
+                          processing_class=tok, callbacks=[clock], peft_config=peft)
     trainer.train()
     seconds = sum(e - s for s, e in zip(clock.starts[1:], clock.ends[1:]))
     tokens = sum(clock.tokens[1:])
@@ -113,15 +128,24 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", help="policy.model for both (default: the embedded policy)")
+    ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
+    ap.add_argument("--groups", type=int, default=GROUPS)
+    ap.add_argument("--group-size", type=int, default=GROUP_SIZE)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    path = resolve_model(a.model) if a.model else None
+    shape = {"groups": a.groups, "group_size": a.group_size}
+    lora = (f"policy.lora.r={a.lora_r}", f"policy.lora.alpha={2 * a.lora_r}",
+            f"policy.lora.target_modules={LORA_TARGETS}") if a.lora_r else ()
     with tempfile.TemporaryDirectory() as d:
-        mine = ours(a.steps, a.threads, f"{d}/ours")
-        theirs = trl(a.steps, a.threads, f"{d}/trl")
+        mine = ours(a.steps, a.threads, f"{d}/ours", path=path, extra=lora, **shape)
+        theirs = trl(a.steps, a.threads, f"{d}/trl", path=path, lora_r=a.lora_r, **shape)
     for name, r in (("ours", mine), ("trl", theirs)):
         print(f"{name:>5}: {r['seconds']:6.2f} s  {r['tokens']:8.0f} tokens  {r['tokens_per_s']:8.1f} tok/s")
     print(json.dumps({"name": "step_vs_trl", "ratio": round(mine["tokens_per_s"] / theirs["tokens_per_s"], 2),
-                      "goal": 1.5, "steps": a.steps, "ours": mine, "trl": theirs}))
+                      "goal": 1.5, "steps": a.steps, "model": a.model or "embedded", "lora_r": a.lora_r,
+                      **shape, "ours": mine, "trl": theirs}))
 
 
 if __name__ == "__main__":
