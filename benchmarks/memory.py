@@ -12,6 +12,7 @@ run's peak (export included) is reported beside it.
     python benchmarks/memory.py                              # full (before), chunked (after), lora
     python benchmarks/memory.py --shape proxy                # same vocabulary, 2 narrow layers: seconds
     python benchmarks/memory.py --variants chunked,lora --lora-r 16
+    python benchmarks/memory.py --model smollm2-135m-instruct --variants chunked,lora   # a real model, fp32
 
 Variants: ``full`` = ``train.logit_chunk=0`` (the previous path), ``chunked`` = the default
 ``train.logit_chunk``, ``lora`` = chunked + ``policy.lora.r``. The last line printed is one JSON
@@ -62,10 +63,10 @@ def build(shape: str, out: Path, vocab: int = VOCAB) -> None:
     from ragen2_core.config import load_config
     from ragen2_core.policy.model import save_policy
     from ragen2_core.policy.tokenizer import train_tokenizer
-    from ragen2_core.policy.warmstart import _traces
+    from ragen2_core.policy.warmstart import expert_traces
 
     cfg = load_config(None, ["env.name=sokoban", "warmstart.envs=[sokoban]"])
-    texts = [a + b for ep in _traces(cfg.warmstart, cfg.env, 32, 0) for a, b in ep]
+    texts = [a + b for ep in expert_traces(cfg.warmstart, cfg.env, 32, 0) for a, b in ep]
     tok = train_tokenizer(texts, vocab_size=1024)
     config = Qwen2Config(vocab_size=vocab, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
                          tie_word_embeddings=True, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
@@ -75,7 +76,7 @@ def build(shape: str, out: Path, vocab: int = VOCAB) -> None:
     save_policy(model, tok, out, {"benchmark": f"random-init {shape}"})
 
 
-def child(model_dir: str, variant: str, lora_r: int, threads: int) -> dict:
+def child(model_dir: str, variant: str, lora_r: int, threads: int, dtype: str = "bfloat16") -> dict:
     """One RL step of `variant`; returns its memory and time."""
     from ragen2_core.config import load_config
     from ragen2_core.tracking import MemorySink
@@ -94,7 +95,7 @@ def child(model_dir: str, variant: str, lora_r: int, threads: int) -> dict:
             PeakAtStep.step_peak_kib = status_kib("VmHWM")
             super().log_metrics(metrics, step)
 
-    over = [f"policy.model={model_dir}", "policy.dtype=bfloat16", "env.name=sokoban", "rollout.n_groups=2",
+    over = [f"policy.model={model_dir}", f"policy.dtype={dtype}", "env.name=sokoban", "rollout.n_groups=2",
             "rollout.group_size=2", "rollout.max_new_tokens=32", "train.steps=1", "train.eval_every=0",
             "collapse.every=0", f"train.threads={threads}", f"train.output_dir={tempfile.mkdtemp(prefix='ragen2-mem-')}"]
     over += {"full": ["train.logit_chunk=0"], "chunked": [], "lora": [f"policy.lora.r={lora_r}"]}[variant]
@@ -116,6 +117,8 @@ def main() -> None:
     ap.add_argument("--variants", default="full,chunked,lora")
     ap.add_argument("--lora-r", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--model", help="a policy.model (HF folder, .gguf, smollm2-135m-instruct) instead of --shape; float32")
+    ap.add_argument("--dtype", help=argparse.SUPPRESS)
     ap.add_argument("--child", help=argparse.SUPPRESS)      # internal: run one variant in this process
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--build", action="store_true", help=argparse.SUPPRESS)
@@ -124,19 +127,24 @@ def main() -> None:
         build(args.shape, Path(args.model_dir))
         return
     if args.child:
-        print("RESULT " + json.dumps(child(args.model_dir, args.child, args.lora_r, args.threads)), flush=True)
+        print("RESULT " + json.dumps(child(args.model_dir, args.child, args.lora_r, args.threads, args.dtype)), flush=True)
         return
     variants = args.variants.split(",")
     bad = [v for v in variants if v not in ("full", "chunked", "lora")]
     if bad:
         sys.exit(f"--variants: unknown {bad}; choose from full, chunked, lora")
     with tempfile.TemporaryDirectory(prefix="ragen2-mem-model-") as d:
-        # Built in a process of its own, so this one stays small while the variants run.
-        subprocess.run([sys.executable, __file__, "--build", "--shape", args.shape, "--model-dir", d], check=True)
+        if args.model:
+            from ragen2_core.policy.gguf import resolve_model
+            d, dtype = resolve_model(args.model), "float32"  # bf16 matmuls crawl on a CPU without bf16
+        else:
+            # Built in a process of its own, so this one stays small while the variants run.
+            subprocess.run([sys.executable, __file__, "--build", "--shape", args.shape, "--model-dir", d], check=True)
+            dtype = "bfloat16"
         runs = {}
         for v in variants:
             proc = subprocess.run([sys.executable, __file__, "--child", v, "--model-dir", d, "--lora-r", str(args.lora_r),
-                                   "--threads", str(args.threads)], capture_output=True, text=True,
+                                   "--threads", str(args.threads), "--dtype", dtype], capture_output=True, text=True,
                                   env=os.environ | {"OMP_NUM_THREADS": str(args.threads)})
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             if line is None:
@@ -144,7 +152,7 @@ def main() -> None:
             else:
                 runs[v] = json.loads(line[len("RESULT "):])
             print(f"[memory] {v}: {runs[v]}", flush=True)
-    out = {"benchmark": "memory", "shape": args.shape, "vocab": VOCAB, "batch": "2 groups x 2 rollouts, 32-token replies",
+    out = {"benchmark": "memory", "shape": args.model or args.shape, "vocab": VOCAB if not args.model else None, "batch": "2 groups x 2 rollouts, 32-token replies",
            **{v: r for v, r in runs.items()}}
     if "step_peak_gb" in runs.get("full", {}) and "step_peak_gb" in runs.get("chunked", {}):
         out["ratio"] = round(runs["full"]["step_peak_gb"] / runs["chunked"]["step_peak_gb"], 2)
