@@ -48,7 +48,8 @@ def aggregate(
         mode: "token-mean": sum over masked tokens / number of masked tokens in the batch.
             "seq-mean-token-mean": masked mean per row, then mean over rows with >= 1 masked token.
             "seq-mean-token-sum": masked sum per row (divided by `norm_len` when given, Dr.GRPO's fixed
-            length constant), then mean over rows with >= 1 masked token.
+            length constant), then mean over *all* rows: Dr.GRPO's 1/G, a constant, so a row without
+            tokens adds 0 and does not raise the others' weight (TRL's dr_grpo divides by all rows too).
         norm_len: only for "seq-mean-token-sum".
 
     Returns:
@@ -68,8 +69,11 @@ def aggregate(
         row_loss = row_sum / row_tokens.clamp_min(1.0)
     else:
         row_loss = row_sum / norm_len if norm_len is not None else row_sum
-    # Rows without tokens (e.g. fully truncated) would otherwise dilute the mean.
     has_tokens = (row_tokens > 0).to(loss_mat.dtype)
+    if mode == "seq-mean-token-sum":
+        return (row_loss * has_tokens).sum() / max(1, row_loss.shape[0])
+    # A per-row mean of a row without tokens is undefined, not 0: such rows (e.g. fully truncated)
+    # stay out of the mean rather than dilute it.
     return (row_loss * has_tokens).sum() / has_tokens.sum().clamp_min(1.0)
 
 

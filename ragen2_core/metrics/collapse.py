@@ -232,7 +232,9 @@ def ema_update(prev: float | None, value: float, *, decay: float = 0.9) -> float
 def release_zscores(scores, *, lengths, std_eps: float = STD_EPS) -> dict[str, float]:
     """The release's MI z-scores and marginal stds, per token and per sequence.
 
-    Over the samples s with a non-empty reasoning (the release scores only those):
+    Over the samples s with a non-empty reasoning, under the prompts of the groups that have one
+    (the release keeps only those pairs, so a group whose reasonings are all empty is no column of the
+    marginal either: N' <= N prompts, marginal = logsumexp over them - log N'):
         mi_zscore      = mean_s[(matched_s - marginal_s) / (std(marginal) + std_eps)]   per-token scores
         mi_zscore_seq  = the same on sequence sums
         marginal_std, marginal_std_seq = std(marginal), population (ddof 0)
@@ -243,17 +245,19 @@ def release_zscores(scores, *, lengths, std_eps: float = STD_EPS) -> dict[str, f
         scores: [N, K, N] sequence log-likelihoods; lengths: [N, K] reasoning lengths in tokens.
 
     Returns:
-        floats; NaN when fewer than one sample has a reasoning.
+        floats; NaN when fewer than two prompts have a reasoning (the release then logs nothing).
     """
     out = {}
-    valid = torch.as_tensor(lengths).reshape(-1) > 0
+    nonempty = torch.as_tensor(lengths) > 0                           # [N, K]
+    cols = nonempty.any(dim=1)                                        # prompts that keep a column
+    valid = nonempty[cols].reshape(-1)
     for suffix, per_token in (("", True), ("_seq", False)):
-        s = _prepare(scores, lengths, per_token)
-        gap = (_matched(s) - _marginal(s)).reshape(-1)[valid]
-        marginal = _marginal(s).reshape(-1)[valid]
-        if gap.numel() == 0:
+        s = _prepare(scores, lengths, per_token)[cols][:, :, cols]
+        if int(cols.sum()) < 2:
             out |= {f"mi_zscore{suffix}": math.nan, f"marginal_std{suffix}": math.nan, f"mi_gap{suffix}": math.nan}
             continue
+        gap = (_matched(s) - _marginal(s)).reshape(-1)[valid]
+        marginal = _marginal(s).reshape(-1)[valid]
         std = marginal.std(unbiased=False).item() if marginal.numel() > 1 else 0.0
         out |= {f"mi_zscore{suffix}": gap.mean().item() / (std + std_eps), f"marginal_std{suffix}": std,
                 f"mi_gap{suffix}": gap.mean().item()}

@@ -309,6 +309,33 @@ def test_release_zscore_skips_empty_reasonings():
     assert math.isnan(none["mi_zscore"]) and math.isnan(none["marginal_std"])
 
 
+def test_release_zscore_drops_the_prompt_of_a_group_whose_reasonings_are_all_empty():
+    # 3 prompts, 2 samples each; group 2's reasonings are both empty, so (as in the release) prompt 2
+    # is no column of the marginal either: N' = 2, marginal = logsumexp over prompts 0, 1 - log 2.
+    # Kept rows (scores under prompts 0, 1; column 2 holds -5 and would count without the rule):
+    #   z00 [-1, -3]: matched -1, lse -0.873072, marginal -1.566219, gap 0.566219
+    #   z01 [-2, -2]: matched -2, marginal -2.000000, gap 0
+    #   z10 [-3, -1]: matched -1, marginal -1.566219, gap 0.566219
+    #   z11 [-3, -2]: matched -2, lse -1.686738, marginal -2.379885, gap 0.379885
+    # mean gap 0.378081; marginals' mean -1.878081, deviations [.311862, -.121919, .311862, -.501804],
+    # population var (.097258 + .014864 + .097258 + .251807) / 4 = .115297, std .339554
+    # mi_zscore = 0.378081 / (0.339554 + 0.001) = 1.110194 (lengths 1: per token = per sequence)
+    s = torch.tensor([[[-1.0, -3.0, -5.0], [-2.0, -2.0, -5.0]],
+                      [[-3.0, -1.0, -5.0], [-3.0, -2.0, -5.0]],
+                      [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]])
+    lengths = torch.tensor([[1, 1], [1, 1], [0, 0]])
+    z = release_zscores(s, lengths=lengths)
+    assert z["mi_gap"] == pytest.approx(0.378081, abs=1e-6)
+    assert z["marginal_std"] == pytest.approx(0.339554, abs=1e-6)
+    assert z["mi_zscore"] == pytest.approx(1.110194, abs=1e-5) and z["mi_zscore_seq"] == pytest.approx(z["mi_zscore"])
+    # Keeping prompt 2's column (-5 for every kept reasoning) would lower every marginal and give another value.
+    kept = release_zscores(s[:2, :, :2], lengths=lengths[:2])
+    assert kept["mi_zscore"] == pytest.approx(z["mi_zscore"])
+    # One prompt with a reasoning left: no statistic (the release logs nothing below 2 prompts).
+    one = release_zscores(s, lengths=torch.tensor([[1, 1], [0, 0], [0, 0]]))
+    assert math.isnan(one["mi_zscore"])
+
+
 def test_release_zscore_edge_cases():
     # Input-independent samples: every column equal -> gaps 0 -> z = 0 whatever the std.
     s = torch.tensor([[[-1.0, -1.0]], [[-4.0, -4.0]]])

@@ -36,10 +36,11 @@ def test_aggregate_modes():
 
 
 def test_aggregate_fully_masked_row_no_nan():
-    # Extra row full of NaN/inf padding and mask 0: every mode gives the same value as without it.
+    # Extra row full of NaN/inf padding and mask 0. token-mean and seq-mean-token-mean give the same
+    # value as without it; seq-mean-token-sum (Dr.GRPO) divides by all 3 rows: (3 + 4 + 0) / 3.
     loss = torch.cat([LOSS, torch.tensor([[float("nan"), float("inf"), 7.0]])]).requires_grad_()
     mask = torch.cat([MASK, torch.zeros(1, 3)]).bool()
-    for mode, expect in (("token-mean", 7 / 3), ("seq-mean-token-mean", 2.75), ("seq-mean-token-sum", 3.5)):
+    for mode, expect in (("token-mean", 7 / 3), ("seq-mean-token-mean", 2.75), ("seq-mean-token-sum", 7 / 3)):
         out = aggregate(loss, mask, mode=mode)
         assert close(out, expect)
         (grad,) = torch.autograd.grad(out, loss)
