@@ -102,18 +102,6 @@ def group_advantages(
     return torch.where(no_spread, torch.zeros_like(centred), centred)
 
 
-def grpo_advantages(
-    seq_reward: torch.Tensor, group_ids: torch.Tensor, *, std_ddof: int = 1, eps: float = 1e-6
-) -> torch.Tensor:
-    """GRPO: group z-score, (r - mean) / (std + eps). Shapes as in `group_advantages`."""
-    return group_advantages(seq_reward, group_ids, norm_by_std=True, std_ddof=std_ddof, eps=eps)
-
-
-def drgrpo_advantages(seq_reward: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """Dr.GRPO: centred reward r - mean, no std division. Shapes as in `group_advantages`."""
-    return group_advantages(seq_reward, group_ids, norm_by_std=False)
-
-
 def broadcast_to_tokens(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """Copy each trajectory's advantage onto its response tokens.
 

@@ -29,11 +29,6 @@ import torch
 from ragen2_core.rollout.engine import SamplingParams
 
 
-def vllm_available() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("vllm") is not None
-
-
 class VLLMSession:
     """The rows of one rollout call: each row's full token ids and the log-prob of every token
     (0 off the replies), in episode order; ``turn``/``keep`` as :class:`KVSession` has them."""

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ragen2_core.tracking import (FanoutSink, JsonlSink, MemorySink, MetricSink, MlflowSink, StdoutSink,
-                                  git_sha, make_sink, run_tags)
+                                  git_sha, run_tags)
 from ragen2_core.tracking.mlflow_sink import MAX_PARAM_CHARS, PARENT_TAG, ensure_experiment
 
 
@@ -147,26 +147,6 @@ def test_deleted_experiment_names_the_fix(store):
 def test_resume_unknown_run_names_the_fix(store):
     with pytest.raises(ValueError, match="cannot resume"):
         MlflowSink(tracking_uri=store, run_id="0" * 32)
-
-
-def test_make_sink_builds_fanout_with_mlflow(store):
-    class Tracking:
-        uri, experiment, run_name = store, "made", "m1"
-
-    out = io.StringIO()
-    sink = make_sink(["mlflow", "stdout", "memory"], tracking=Tracking, total_steps=2, stream=out,
-                     tags={"ragen2.seed": "1"})
-    with sink:
-        sink.log_metrics({"rollout/success": 0.5}, 1)
-    mlflow_sink, _, memory = sink.sinks
-    run = MlflowClient(store).get_run(mlflow_sink.run_id)
-    assert run.info.run_name == "m1" and run.data.tags["ragen2.seed"] == "1"
-    assert memory.tags == {"ragen2.seed": "1"} and memory.closed_status == "FINISHED"
-    assert "success 0.5" in out.getvalue()
-    with pytest.raises(ValueError, match="jsonl_path"):
-        make_sink(["jsonl"])
-    with pytest.raises(ValueError, match="wandb"):
-        make_sink(["wandb"])
 
 
 # ----------------------------------------------------------------------------- JSONL
