@@ -77,7 +77,8 @@ def compiled_rollout(model_dir: Path, *, groups: int, group_size: int, max_new: 
     from ragen2_core.envs.registry import env_factory
     from ragen2_core.policy.model import load_pretrained
     from ragen2_core.rollout.compiled import StaticKVSession
-    from ragen2_core.rollout.engine import SamplingParams, rollout
+    from ragen2_core.rollout.episodes import rollout
+    from ragen2_core.rollout.sampler import SamplingParams
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tok = load_pretrained(str(model_dir), dtype="bfloat16" if device == "cuda" else "float32")

@@ -35,7 +35,7 @@ import torch
 
 from ragen2_core.config import load_config
 from ragen2_core.policy.load import load_policy
-from ragen2_core.rollout.engine import KVSession, SamplingParams
+from ragen2_core.rollout.sampler import KVSession, SamplingParams
 from ragen2_core.rollout.syncs import count_syncs
 
 sys.path.insert(0, str(Path(__file__).parent))

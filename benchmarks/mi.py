@@ -29,7 +29,8 @@ from ragen2_core.envs.registry import env_factory
 from ragen2_core.metrics.collapse import collapse_metrics
 from ragen2_core.policy.load import load_policy
 from ragen2_core.rollout.cross_score import cross_score, cross_score_naive, first_turn_reasonings, score_batch
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 
 N, K = 8, 4
 

@@ -2,7 +2,7 @@
 
 Same 64 FrozenLake episodes (same env seeds), sampling at temperature 1 with a fixed seed, same
 per-turn token budget, one process, the three ways run back to back:
-  ours        ragen2_core.rollout.engine.rollout (one cache across turns, lock-step decoding)
+  ours        ragen2_core.rollout.episodes.rollout (one cache across turns, lock-step decoding)
   naive       HF generate once per episode and turn, on the full history
   hf_batched  HF generate on the whole batch per turn, re-encoding every history (left padding)
 The last line printed is one JSON object; ``ratio`` = naive time / our time (goal >= 8) and
@@ -12,7 +12,7 @@ The last line printed is one JSON object; ``ratio`` = naive time / our time (goa
               time / compiled time
 
 ``--against REV`` adds
-  at_REV      the rollout engine of git revision REV (its ragen2_core/rollout/engine.py, loaded beside
+  at_REV      the rollout engine of git revision REV (its rollout/sampler.py and episodes.py, or engine.py before the split, loaded beside
               this one), timed alternately with ours; ``ratio_vs_REV`` = its time / our time (a check
               that a change did not slow the engine down, fair on a busy machine)
 
@@ -46,7 +46,8 @@ import torch
 from ragen2_core.config import load_config
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.load import load_policy
-from ragen2_core.rollout.engine import SamplingParams, rollout, single_token_id
+from ragen2_core.rollout.episodes import rollout, single_token_id
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import RAW, RawFormat, prompt_format, user_text
 
 
@@ -90,17 +91,32 @@ def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool, 
 
 
 def engine_at(rev: str):
-    """The module ragen2_core/rollout/engine.py as it was at git revision `rev`."""
+    """The rollout engine as it was at git revision `rev`: one module with ``rollout`` and
+    ``SamplingParams`` (ragen2_core/rollout/engine.py before it was split into sampler.py and
+    episodes.py; after it, the two files of that revision, the second reading the first)."""
     import importlib.util
     import subprocess
     from pathlib import Path
 
-    src = subprocess.check_output(["git", "show", f"{rev}:ragen2_core/rollout/engine.py"],
-                                  cwd=Path(__file__).parents[1], text=True)
+    def show(path):
+        try:
+            return subprocess.check_output(["git", "show", f"{rev}:{path}"], cwd=Path(__file__).parents[1],
+                                           text=True, stderr=subprocess.DEVNULL)
+        except subprocess.CalledProcessError:
+            return None
+
     name = f"engine_at_{rev}"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     sys.modules[name] = module  # its dataclasses look their module up there
-    exec(compile(src, f"{rev}:ragen2_core/rollout/engine.py", "exec"), module.__dict__)
+    old = show("ragen2_core/rollout/engine.py")
+    if old is not None and "def rollout(" in old:
+        exec(compile(old, f"{rev}:ragen2_core/rollout/engine.py", "exec"), module.__dict__)
+        return module
+    exec(compile(show("ragen2_core/rollout/sampler.py"), f"{rev}:ragen2_core/rollout/sampler.py", "exec"),
+         module.__dict__)
+    episodes = show("ragen2_core/rollout/episodes.py").replace(
+        "from ragen2_core.rollout.sampler import", "from builtins import id as _unused  #")
+    exec(compile(episodes, f"{rev}:ragen2_core/rollout/episodes.py", "exec"), module.__dict__)
     return module
 
 

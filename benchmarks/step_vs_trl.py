@@ -27,7 +27,7 @@ from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.load import resolve_policy_path
 from ragen2_core.policy.gguf import resolve_model
 from ragen2_core.policy.model import load_tokenizer
-from ragen2_core.rollout.engine import single_token_id
+from ragen2_core.rollout.episodes import single_token_id
 from ragen2_core.rollout.prompt import prompt_format, user_text
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run

@@ -91,7 +91,7 @@ def cmd_eval(cfg, args) -> int:
         return _refuse("eval", problems)
     from ragen2_core.envs.registry import env_factory
     from ragen2_core.policy.load import load_policy
-    from ragen2_core.rollout.engine import SamplingParams
+    from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
     from ragen2_core.rollout.prompt import prompt_format
     _threads(cfg)

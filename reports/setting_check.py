@@ -61,7 +61,7 @@ def play(cfg) -> dict:
 
     from ragen2_core.envs.registry import env_factory
     from ragen2_core.policy.load import load_policy
-    from ragen2_core.rollout.engine import SamplingParams
+    from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, think_text, val_seeds
     from ragen2_core.rollout.prompt import prompt_format
 

@@ -29,7 +29,7 @@ from ragen2_core.policy.gguf import MARKER as GGUF_MARKER
 from ragen2_core.policy.lora import apply_lora, has_adapters, merged_state_dict
 from ragen2_core.policy.model import count_parameters, load_pretrained, load_tokenizer
 from ragen2_core.policy.warmstart import expert_traces, supervised_pass, tokenize_traces
-from ragen2_core.rollout.engine import single_token_id
+from ragen2_core.rollout.episodes import single_token_id
 from ragen2_core.rollout.prompt import prompt_format
 
 MARKER = "ragen2_format_warmstart.json"  # written last into every built folder

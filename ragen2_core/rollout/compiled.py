@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from transformers import StaticCache
 
-from ragen2_core.rollout.engine import KVSession, cache_kwarg, takes_bool_4d_mask
+from ragen2_core.rollout.sampler import KVSession, cache_kwarg, takes_bool_4d_mask
 
 COLUMN_BUCKET = 256   # static cache widths are multiples of this: few sizes, so few compiles
 

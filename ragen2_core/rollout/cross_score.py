@@ -24,7 +24,7 @@ import inspect
 import numpy as np
 import torch
 
-from ragen2_core.rollout.engine import cache_kwarg
+from ragen2_core.rollout.sampler import cache_kwarg
 from ragen2_core.types import RolloutBatch
 
 DEFAULT_TOKEN_BUDGET = 16384

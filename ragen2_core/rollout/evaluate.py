@@ -11,7 +11,8 @@ from collections.abc import Callable
 import torch
 
 from ragen2_core.envs.base import TextEnv
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import RAW, RawFormat
 from ragen2_core.types import RolloutBatch
 

@@ -16,7 +16,7 @@ scripts/setup_vllm.sh`` makes ``.venv-vllm``. This module imports vllm only when
 
     engine = VLLMEngine(model, dtype="float32", max_context_tokens=2048, memory_gb=1.0, seed=0)
     batch = rollout(model, tok, make_env, ..., session=engine.session(len(env_seeds)))
-    engine.mismatch(model, batch, pad_id=tok.pad_token_id, micro=8)   # {"rollout/logp_mismatch_max": ...}
+    # how far its log-probs are from the trained model's: train/scoring.py's logp_mismatch
     engine.sync(model)                                                 # after the optimizer step
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 
 import torch
 
-from ragen2_core.rollout.engine import SamplingParams
+from ragen2_core.rollout.sampler import SamplingParams
 
 
 class VLLMSession:
@@ -103,20 +103,3 @@ class VLLMEngine:
         weights = [(name, t.detach()) for name, t in model.state_dict().items()]
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
         self.llm.reset_prefix_cache()  # cached blocks hold the old weights' keys and values
-
-    @torch.no_grad()
-    def mismatch(self, model, batch, *, pad_id: int, micro: int) -> dict[str, float]:
-        """Max and mean |logp_vllm - logp_train| over the batch's reply tokens (one scoring pass)."""
-        from ragen2_core.train.trainer import score_tokens
-        device = next(model.parameters()).device
-        t = {k: v.to(device) for k, v in batch.padded(pad_id).items()}
-        train_logp, _ = score_tokens(model, t, micro)                        # [B, T-1]: token t+1
-        T = t["input_ids"].shape[1]
-        behaviour = torch.zeros(len(batch), T, device=device)
-        for b, lp in enumerate(batch.behavior_logp):
-            behaviour[b, :len(lp)] = torch.tensor(lp, device=device)
-        mask = t["response_mask"][:, 1:].bool()
-        gap = (behaviour[:, 1:] - train_logp).abs()[mask]
-        if gap.numel() == 0:
-            return {"rollout/logp_mismatch_max": float("nan"), "rollout/logp_mismatch_mean": float("nan")}
-        return {"rollout/logp_mismatch_max": float(gap.max()), "rollout/logp_mismatch_mean": float(gap.mean())}

@@ -39,7 +39,7 @@ import torch
 from transformers import DynamicCache
 
 from ragen2_core.algo.losses import HeadLogits
-from ragen2_core.rollout.engine import cache_kwarg, takes_bool_4d_mask
+from ragen2_core.rollout.sampler import cache_kwarg, takes_bool_4d_mask
 
 # Architectures whose forward ends in ``logits = lm_head(final_norm(h))`` with nothing after it.
 PLAIN_HEAD_TYPES = ("qwen2", "qwen3", "llama", "mistral")

@@ -36,14 +36,16 @@ from ragen2_core.metrics.collapse import collapse_metrics, ema_state
 from ragen2_core.policy.load import load_policy, load_reference
 from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.rollout.prompt import prompt_format
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import TrainEngine, init_distributed, reference_policy
 from ragen2_core.train.grad_probe import probe_batch
-from ragen2_core.train.shared_prefix import RowPlan, forward_window, micro_batch_order, unwindow, upload, window
+from ragen2_core.train.scoring import logp_mismatch, score_tokens, score_values
+from ragen2_core.train.shared_prefix import RowPlan, forward_window, micro_batch_order, upload, window
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import run_tags, git_sha
 from ragen2_core.types import PreparedBatch, RolloutBatch
@@ -52,48 +54,6 @@ from ragen2_core.types import PreparedBatch, RolloutBatch
 def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Generator:
     """Independent, reproducible randomness per (seed, step, purpose, data-parallel rank)."""
     return np.random.default_rng([seed, step, stream, rank])
-
-
-def scoring_chunks(t: dict, micro: int, prefix_len: torch.Tensor | None, groups: torch.Tensor | None):
-    """Row chunks of a scoring pass: in length order (group by group when sharing), each cut to its
-    longest row. Yields (rows, ids [R, L], attn [R, L], the rows' prefix_len or None)."""
-    lengths = t["attention_mask"].sum(-1)
-    for rows in torch.split(micro_batch_order(lengths, groups if prefix_len is not None else None), micro):
-        L = int(lengths[rows].max())
-        yield (rows, t["input_ids"][rows, :L], t["attention_mask"][rows, :L],
-               None if prefix_len is None else prefix_len[rows])
-
-
-@torch.no_grad()
-def score_tokens(model, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
-                 groups: torch.Tensor | None = None, logit_chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-prob of each next token and the policy entropy there, [B, T-1] each (zero
-    past a row's end, and before the last prompt token when ``prefix_len`` shares prompts)."""
-    B, T = t["input_ids"].shape
-    device = t["input_ids"].device
-    logp, entropy = torch.zeros(B, T - 1, device=device), torch.zeros(B, T - 1, device=device)
-    for rows, ids, attn, prefix in scoring_chunks(t, micro, prefix_len, groups):
-        L = ids.shape[1]
-        logits, start = forward_window(model, ids, attn, prefix_len=prefix, logit_chunk=logit_chunk)
-        w = lambda x: window(x, start, logits.shape[1])  # noqa: E731
-        real = w(attn[:, 1:].float())
-        lp, ent = logp_entropy(logits, w(ids[:, 1:]))
-        logp[rows, :L - 1] = unwindow(lp * real, start, L - 1)
-        entropy[rows, :L - 1] = unwindow(ent * real, start, L - 1)
-    return logp, entropy
-
-
-@torch.no_grad()
-def score_values(critic, t: dict, micro: int, *, prefix_len: torch.Tensor | None = None,
-                 groups: torch.Tensor | None = None) -> torch.Tensor:
-    """The critic's value at each next-token position, [B, T-1] (zero before each row's window and
-    after its end): GAE reads values at reply positions only, so the shared prompts are encoded once."""
-    B, T = t["input_ids"].shape
-    values = torch.zeros(B, T - 1, device=t["input_ids"].device)
-    for rows, ids, attn, prefix in scoring_chunks(t, micro, prefix_len, groups):
-        v, start = forward_window(critic, ids, attn, prefix_len=prefix)
-        values[rows, :ids.shape[1] - 1] = unwindow(v[..., 0], start, ids.shape[1] - 1)
-    return values
 
 
 def agree(reason: str | None, world: int) -> str | None:
@@ -330,7 +290,7 @@ def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     metrics |= {"time/rollout_s": rollout_s, "perf/tokens_per_s": rollout_tokens / max(rollout_s, 1e-9),
                 "cost/rollout_tokens": rollout_tokens}
     if r.vllm:
-        metrics |= r.vllm.mismatch(r.actor.module, batch, pad_id=r.tok.pad_token_id, micro=r.micro)
+        metrics |= logp_mismatch(r.actor.module, batch, pad_id=r.tok.pad_token_id, micro=r.micro)
     return batch, group_rewards, metrics
 
 

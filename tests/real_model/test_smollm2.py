@@ -17,7 +17,8 @@ from ragen2_core.config import load_config
 from ragen2_core.envs.registry import make_env
 from ragen2_core.policy import gguf
 from ragen2_core.policy.model import load_pretrained
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import ChatFormat, prompt_format
 from ragen2_core.tracking import MemorySink
 

@@ -104,7 +104,7 @@ def test_bad_config_exits_2_before_any_work(tmp_path):
 
 def test_length_sorted_scoring_equals_one_full_forward():
     from ragen2_core.algo.losses import logp_from_logits
-    from ragen2_core.train.trainer import score_tokens
+    from ragen2_core.train.scoring import score_tokens
     from transformers import Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(Qwen2Config(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=1,

@@ -12,7 +12,7 @@ from ragen2_core.config import load_config
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.model import load_pretrained
 from ragen2_core.policy.warmstart import embedded_policy_path, find_policy
-from ragen2_core.rollout.engine import SamplingParams
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
 
 ENVS = ["frozenlake", "sokoban"]

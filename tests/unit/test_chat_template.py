@@ -13,7 +13,8 @@ from ragen2_core.policy.shapes import QWEN25, qwen25_config, save_random_qwen25
 from ragen2_core.policy.tokenizer import train_tokenizer
 from ragen2_core.policy.warmstart import expert_episode, reply_text
 from ragen2_core.rollout.cross_score import first_turn_reasonings
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import (RAW, ChatFormat, TemplateError, first_chunk, next_chunk,
                                         prompt_format, template_markers, user_text)
 

@@ -13,7 +13,8 @@ from ragen2_core.config import ConfigError, load_config
 from ragen2_core.envs.registry import make_env
 from ragen2_core.rollout import compiled
 from ragen2_core.rollout.compiled import StaticKVSession
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 
 SAMPLINGS = [dict(greedy=True), dict(temperature=1.0), dict(temperature=0.8, top_p=0.9)]
 

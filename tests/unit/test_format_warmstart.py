@@ -14,7 +14,7 @@ from ragen2_core.policy.model import load_pretrained
 from ragen2_core.policy.shapes import save_random_qwen25
 from ragen2_core.policy.tokenizer import train_tokenizer
 from ragen2_core.policy.warmstart import expert_episode, expert_traces, tokenize_traces
-from ragen2_core.rollout.engine import single_token_id
+from ragen2_core.rollout.episodes import single_token_id
 from ragen2_core.rollout.evaluate import shared_think_frac
 from ragen2_core.rollout.prompt import ChatFormat, template_markers
 from ragen2_core.train.preflight import policy_problems

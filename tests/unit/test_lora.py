@@ -9,9 +9,9 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from ragen2_core.algo.losses import HeadLogits
 from ragen2_core.policy.lora import AdaptersOff, apply_lora, has_adapters, merged_state_dict, save_adapter
-from ragen2_core.rollout.engine import cache_kwarg
+from ragen2_core.rollout.sampler import cache_kwarg
 from ragen2_core.train.shared_prefix import forward_window
-from ragen2_core.train.trainer import score_tokens
+from ragen2_core.train.scoring import score_tokens
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 

@@ -14,7 +14,8 @@ from ragen2_core.policy import warmstart
 from ragen2_core.policy.load import load_policy
 from ragen2_core.policy.model import build_tiny_qwen2, save_policy
 from ragen2_core.policy.tokenizer import TAGS, train_tokenizer
-from ragen2_core.rollout.engine import SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import SamplingParams
 
 SYMBOLS = "#_OX√PSG"  # both envs' legends
 

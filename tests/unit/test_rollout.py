@@ -10,7 +10,8 @@ import torch
 from ragen2_core.envs.registry import make_env
 from ragen2_core.policy.model import build_tiny_qwen2
 from ragen2_core.policy.tokenizer import train_tokenizer
-from ragen2_core.rollout.engine import KVSession, SamplingParams, rollout, sample_tokens
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import KVSession, SamplingParams, sample_tokens
 from ragen2_core.rollout.prompt import first_chunk
 
 

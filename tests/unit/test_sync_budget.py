@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from ragen2_core.envs.registry import make_env
-from ragen2_core.rollout.engine import KVSession, SamplingParams, rollout
+from ragen2_core.rollout.episodes import rollout
+from ragen2_core.rollout.sampler import KVSession, SamplingParams
 from ragen2_core.rollout.syncs import count_syncs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "smoke"))

@@ -64,7 +64,7 @@ def run_cfg(out, cache, backend, sink):
 def test_engine_gets_new_weights_without_restart(tmp_path):
     from ragen2_core.policy.model import build_tiny_qwen2
     from ragen2_core.policy.tokenizer import train_tokenizer
-    from ragen2_core.rollout.engine import SamplingParams
+    from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.vllm_backend import VLLMEngine
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
     model = build_tiny_qwen2(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
