@@ -27,11 +27,10 @@ import sys
 from pathlib import Path
 
 from ragen2_core.atomic import write_text_atomic
-from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
 from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, make_trial, preview_spec, spec_hash,
-                                      sweep_preflight, too_many)
+                                      sweep_preflight, too_many, trial_config)
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 PREVIEW_ROWS = 20  # trials a dry run shows of a sweep over the cap
@@ -221,7 +220,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     if multi:
         fit = int(ray.cluster_resources().get("CPU", 1) // (spec.resources.cpu * spec.resources.workers)) or 1
         spec.max_concurrent = min(spec.max_concurrent or fit, fit)
-    steps = {t.trial_id: load_config(spec.base_path, t.overrides).train.steps for t in trials}
+    steps = {t.trial_id: trial_config(spec, t).train.steps for t in trials}
     tracker = SweepTracker(uri, parent.experiment_id, parent.run_id, spec, by_id)
     total = spec.search.samples if spec.search.kind == "optuna" else len(trials)
     progress = Progress(spec, by_id, total=total, steps=steps, every_s=progress_every)

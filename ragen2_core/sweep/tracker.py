@@ -20,10 +20,10 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from ragen2_core.config import config_hash, dump_yaml, flatten, load_config
+from ragen2_core.config import config_hash, dump_yaml, flatten
 from ragen2_core.tracking.mlflow_sink import search_all_runs
 from ragen2_core.sweep.spec import SweepSpec
-from ragen2_core.sweep.trials import Trial
+from ragen2_core.sweep.trials import Trial, trial_config
 from ragen2_core.sweep.trainable import SIDECAR, resolve
 from ragen2_core.tracking import MlflowSink, git_sha, run_tags
 
@@ -59,7 +59,7 @@ class SweepTracker(Callback):
             sink = MlflowSink(tracking_uri=self.uri, run_id=old[0].info.run_id)
             self.last_step[t.trial_id] = int(old[0].data.tags.get("ragen2.last_step", 0))
         else:
-            cfg = load_config(self.spec.base_path, t.overrides)
+            cfg = trial_config(self.spec, t)
             tags = run_tags(config_hash(cfg), t.seed, self.sha) | {
                 "ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.instance": self.spec.instance,
                 "ragen2.trial_id": t.trial_id,
@@ -90,7 +90,7 @@ class SweepTracker(Callback):
 
     def _finish(self, trial, status: str, error: Optional[str] = None) -> None:
         sink, t = self._open(trial)
-        out = Path(load_config(self.spec.base_path, t.overrides).train.output_dir)
+        out = Path(trial_config(self.spec, t).train.output_dir)
         self._upload(sink, out)
         result = out / "result.json"
         reason = json.loads(result.read_text()).get("stop_reason", "completed") if result.exists() else \

@@ -19,9 +19,8 @@ from pathlib import Path
 from ray import tune
 
 from ragen2_core.atomic import write_text_atomic
-from ragen2_core.config import load_config
 from ragen2_core.sweep.spec import SweepSpec
-from ragen2_core.sweep.trials import Trial, make_trial
+from ragen2_core.sweep.trials import Trial, make_trial, trial_config
 from ragen2_core.tracking import SinkContext
 
 OBJECTIVE = "objective"  # latest value of spec.metric, carried forward: schedulers and searchers need it every report
@@ -113,7 +112,7 @@ def train_trial(config: dict, spec: SweepSpec, trials: dict[str, Trial]) -> None
     from ragen2_core.train.trainer import run  # heavy imports stay in the worker
 
     trial = resolve(spec, trials, config)
-    cfg = load_config(spec.base_path, trial.overrides)
+    cfg = trial_config(spec, trial)
     with file_like_streams():
         if spec.resources.workers > 1:
             return train_workers(cfg, spec, trial)

@@ -7,14 +7,16 @@
     spec, first, n = preview_spec(path, rows=20)               # the first trials of a spec of any size
     for t in trials:
         t.trial_id, t.arm, t.seed, t.values      # values: every varied key of this trial
-        load_config(spec.base_path, t.overrides)  # exactly the config the trial trains with
+        trial_config(spec, t)                      # exactly the config the trial trains with
 
 Overrides are applied in this order: whole-section presets (`filter: paper`), then fixed, the
 arm's fields, axes, zip, sampled values, seed; last the keys the sweep sets for each trial.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -25,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 # read_yaml: config.py's own reader of a YAML file and its `base:` chain, for the spec hash.
-from ragen2_core.config import ConfigError, read_yaml, load_config
+from ragen2_core.config import ConfigError, TrainConfig, load_config, read_yaml
 from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SpecErrors, SweepSpec, key_sources, parse_spec
 
 
@@ -58,6 +60,17 @@ def _short(v) -> str:
 
 def _override(key: str, value) -> str:
     return f"{key}={json.dumps(value)}"  # JSON scalars and lists are valid YAML, so load_config parses them back
+
+
+def trial_config(spec: SweepSpec, trial: Trial) -> TrainConfig:
+    """The config ``trial`` trains with, resolved once per process (the driver, its tracker and
+    progress, and each trial's worker all read it from here); a copy, so no reader changes another's."""
+    return copy.deepcopy(_resolved(str(spec.base_path), tuple(trial.overrides)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(base: str, overrides: tuple[str, ...]):
+    return load_config(base, list(overrides))
 
 
 def trial_id(arm: str, arm_overrides: dict, values: dict, seed: int) -> str:
@@ -140,7 +153,7 @@ def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErro
     found: dict[str, list[Trial]] = {}
     for t in trials:
         try:
-            load_config(spec.base_path, t.overrides)
+            trial_config(spec, t)
         except ConfigError as e:
             for msg in dict.fromkeys(e.errors):  # a bad preset is reported again after every later override
                 if not _UNKNOWN.search(msg):     # unknown keys were already reported once per spec entry
@@ -232,7 +245,7 @@ def sweep_preflight(spec: SweepSpec, trials: list[Trial], *, memory_check: bool 
     found: dict[str, list[Trial]] = {}
     cache: dict = {}
     for t in trials + probes:
-        cfg = load_config(spec.base_path, t.overrides)
+        cfg = trial_config(spec, t)
         for msg in config_problems(cfg, memory_check=memory_check, cache=cache, check_output=False):
             found.setdefault(msg, []).append(t)
     n = len(trials + probes)
