@@ -88,3 +88,26 @@ def _children(node) -> list:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
     return []
+
+
+def key_lines(text: str) -> dict[tuple, int]:
+    """(key, key, ...) -> 1-based line of that mapping key or list item, for error messages that
+    point into the file; best effort (``yaml.compose`` builds nodes only, never objects)."""
+    out: dict[tuple, int] = {}
+
+    def walk(node, path):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                p = path + (k.value,)
+                out[p] = k.start_mark.line + 1
+                walk(v, p)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                out[path + (i,)] = v.start_mark.line + 1
+                walk(v, path + (i,))
+
+    try:
+        walk(yaml.compose(text), ())
+    except yaml.YAMLError:
+        pass
+    return out

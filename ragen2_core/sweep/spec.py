@@ -24,23 +24,17 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
+# The spec is built with the config's schema machinery (schema.py) and checks its keys against the
+# run config (schema_problem), so spec errors read exactly like config errors.
+from ragen2_core.config import FILTER_PRESETS, MAX_SEED, schema_problem
+from ragen2_core.schema import ConfigError, build_section, opt
+from ragen2_core.yamlio import YamlInputError, key_lines, read_yaml_file
 
-# build_section and schema_problem are config.py's own validation steps, reused so that spec errors read
-# exactly like config errors.
-from ragen2_core.config import FILTER_PRESETS, MAX_SEED, build_section, schema_problem, opt
-from ragen2_core.yamlio import YamlInputError, read_yaml_file
 
-
-class SpecError(ValueError):
+class SpecError(ConfigError):
     """Every problem found in a spec, one per line, each with its YAML location."""
 
-    def __init__(self, errors: list[str]):
-        self.errors = list(errors)
-        super().__init__(f"{len(self.errors)} sweep spec error(s):\n" + "\n".join(f"  - {e}" for e in self.errors))
-
-    def __reduce__(self):  # survive pickling (e.g. raised inside a Ray worker) with the list intact
-        return type(self), (self.errors,)
+    kind = "sweep spec"
 
 
 # ----------------------------------------------------------------------------- schema
@@ -149,39 +143,16 @@ OPERATIONAL = ("tracking", "ray", "storage")          # may change between a run
 
 # ----------------------------------------------------------------------------- YAML locations
 
-def _lines(text: str) -> dict[tuple, int]:
-    """(key, key, ...) -> 1-based line of that mapping key or list item; best effort."""
-    out: dict[tuple, int] = {}
-
-    def walk(node, path):
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                p = path + (k.value,)
-                out[p] = k.start_mark.line + 1
-                walk(v, p)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, v in enumerate(node.value):
-                out[path + (i,)] = v.start_mark.line + 1
-                walk(v, path + (i,))
-
-    try:
-        walk(yaml.compose(text), ())
-    except yaml.YAMLError:
-        pass
-    return out
-
-
 class SpecErrors:
     """Collects messages as `file:line: path: message`."""
 
     def __init__(self, file: str, text: str):
-        self.file, self.lines, self.items = file, _lines(text), []
+        self.file, self.lines, self.items = file, key_lines(text), []
 
     def add(self, path: tuple, msg: str) -> None:
         line = self.line(path)
         where = f"{self.file}:{line}" if line else self.file
         self.items.append(f"{where}: {_render(path)}: {msg}" if path else f"{where}: {msg}")
-
 
     def line(self, path: tuple) -> Optional[int]:
         """Line of the deepest known prefix; a dotted key may also be written as nested sections."""

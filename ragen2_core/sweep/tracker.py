@@ -20,7 +20,8 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from ragen2_core.config import config_hash, dump_yaml, flatten
+from ragen2_core.config import config_hash, dump_yaml
+from ragen2_core.schema import flatten
 from ragen2_core.tracking.mlflow_sink import search_all_runs
 from ragen2_core.sweep.spec import SweepSpec
 from ragen2_core.sweep.trials import Trial, trial_config

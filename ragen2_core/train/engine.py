@@ -53,6 +53,8 @@ from typing import Any, Optional
 
 import torch
 
+from ragen2_core.schema import merge
+
 _CLIENT_KEY = "ragen2_client_state"  # caller's state nested under one key, apart from DeepSpeed's own
 
 
@@ -117,13 +119,6 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(out.get(k), dict) and isinstance(v, dict) else v
-    return out
-
-
 def ds_config(*, lr: float, zero_stage: int, grad_accum: int, micro_batch_size: int, max_grad_norm: float,
               user_config: Optional[str] = None, bf16: bool = False) -> dict:
     """The DeepSpeed config dict; a user JSON file (path) is deep-merged over it and wins.
@@ -148,7 +143,7 @@ def ds_config(*, lr: float, zero_stage: int, grad_accum: int, micro_batch_size: 
         user = json.loads(Path(user_config).expanduser().read_text())
         if not isinstance(user, dict):
             raise ValueError(f"deepspeed_config {user_config}: top level must be a JSON object")
-        config = _merge(config, user)
+        config = merge(config, user)
     total = config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * _world_size()
     if "train_batch_size" in user and user["train_batch_size"] != total:
         raise ValueError(

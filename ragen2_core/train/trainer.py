@@ -29,7 +29,7 @@ from ragen2_core.algo.filter import (group_reward_stats, loss_scale_factor, sele
 from ragen2_core.algo.losses import aggregate, kl_penalty, logp_entropy, value_loss
 from ragen2_core.algo.objective import Objective, actor_terms, rewards_with_kl
 from ragen2_core.algo.schedules import filter_value
-from ragen2_core.config import SINGLE_TURN_ENVS, config_hash, dump_yaml, flatten
+from ragen2_core.config import SINGLE_TURN_ENVS, config_hash, dump_yaml
 from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.envs.registry import env_factory
 from ragen2_core.metrics.collapse import collapse_metrics, ema_state
@@ -40,6 +40,7 @@ from ragen2_core.rollout.episodes import rollout
 from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.evaluate import batch_stats, evaluate, val_seeds
 from ragen2_core.rollout.prompt import prompt_format
+from ragen2_core.schema import flatten
 from ragen2_core.train import checkpoint
 from ragen2_core.train.critic import build_critic
 from ragen2_core.train.engine import TrainEngine, init_distributed, reference_policy

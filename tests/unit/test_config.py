@@ -3,9 +3,8 @@ import dataclasses
 import pytest
 import yaml
 
-from ragen2_core.config import (
-    ConfigError, TrainConfig, config_hash, describe, dump_yaml, flatten, load_config, to_dict,
-)
+from ragen2_core.config import ConfigError, TrainConfig, config_hash, describe, dump_yaml, load_config
+from ragen2_core.schema import flatten, to_dict
 
 
 def errors_of(source=None, overrides=()):

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ragen2_core"
 # Lowest first; a room may import rooms of its own layer or below.
 LAYERS = [
-    {"atomic", "yamlio", "types"},
+    {"atomic", "yamlio", "types", "schema"},
     {"config"},
     {"algo", "metrics"},
     {"envs"},
