@@ -322,3 +322,23 @@ class FrozenModel:
     def logits(self, **kwargs) -> torch.Tensor:
         with torch.no_grad():
             return self.module(**kwargs).logits
+
+
+def agree(reason: str | None, world: int) -> str | None:
+    """Rank 0's stop decision on every rank (only rank 0 evaluates), so all ranks leave together."""
+    if world == 1:
+        return reason
+    box = [reason]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def total_over_ranks(n: int, world: int) -> int:
+    """Sum of `n` over the data-parallel ranks (each rolls out and filters its own groups)."""
+    if world == 1:
+        return n
+    # NCCL reduces CUDA tensors only; gloo takes CPU ones.
+    nccl = torch.distributed.get_backend() == "nccl"
+    box = torch.tensor([n], dtype=torch.long, device=f"cuda:{torch.cuda.current_device()}" if nccl else "cpu")
+    torch.distributed.all_reduce(box)
+    return int(box.item())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import ragen2_core.train.learner as learner
 import ragen2_core.train.trainer as trainer
 from ragen2_core.algo.advantages import whiten
 from ragen2_core.tracking import MemorySink
@@ -36,7 +37,7 @@ def cache(tmp_path_factory):
 def test_metrics_match_the_loop_before_the_refactor(tmp_path, cache, case, monkeypatch):
     pinned = PINNED["cases"][case]
     # That loop whitened GAE advantages with the population variance (now veRL's unbiased one).
-    monkeypatch.setattr(trainer, "whiten", lambda x, m: whiten(x, m, unbiased=False))
+    monkeypatch.setattr(learner, "whiten", lambda x, m: whiten(x, m, unbiased=False))
     sink = MemorySink()
     trainer.run(cfg_for(tmp_path, cache, "train.steps=3", "train.eval_every=3", *pinned["overrides"], *OLD_BEHAVIOUR),
                 sink)
