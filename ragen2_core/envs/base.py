@@ -127,6 +127,11 @@ class TextEnv(ABC):
     def render(self) -> str:
         """The current observation text."""
 
+    def batch_metrics(self, step_infos) -> dict[str, float]:
+        """Metrics of a batch drawn from its turns' ``info`` dicts, logged as ``rollout/<name>``: the
+        env's own view of a step (the code env's sandbox outcomes); none by default."""
+        return {}
+
     def expert_turn(self, style: str) -> ExpertTurn:
         """Optimal next actions from the current state (exact BFS solver, re-planned every turn) with
         reasoning in ``style`` 'grounded' (names positions and carries the plan) or 'template'

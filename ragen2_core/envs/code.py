@@ -148,6 +148,9 @@ class CodeEnv(SingleTurnEnv):
                     sandbox_s=round(time.perf_counter() - t0, 4))
         return passed / max(total, 1), passed == total and total > 0, verdict, info
 
+    def batch_metrics(self, step_infos) -> dict[str, float]:
+        return sandbox_metrics(step_infos)
+
     def _no_answer_info(self) -> dict:
         return dict(tests_passed=0, tests_total=len(self.problem.tests), test_status={}, failure="format",
                     sandbox_s=0.0)

@@ -35,7 +35,7 @@ class Run:
     reference: object | None    # the KL reference (train.engine.reference_policy), None without KL
     tok: object
     make_env: object
-    template: str
+    env: object                 # one instance of the env: its template sentence and batch metrics
     objective: Objective
     whiten: bool
     micro: int

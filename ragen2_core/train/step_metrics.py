@@ -8,23 +8,21 @@ from __future__ import annotations
 import torch
 
 from ragen2_core.algo.filter import group_reward_stats, zero_spread
-from ragen2_core.envs.code import sandbox_metrics
 from ragen2_core.rollout.evaluate import batch_stats
 from ragen2_core.train.state import Run
 from ragen2_core.types import RolloutBatch
 
 
-def rollout_metrics(batch: RolloutBatch, group_rewards: torch.Tensor, rollout_tokens: int,
-                    template: str) -> dict[str, float]:
-    """`rollout/*` of the batch; `group_rewards` [G, S], `rollout_tokens` all reply tokens, `template`
-    the env's input-independent reasoning sentence."""
-    stats = batch_stats(batch, template)
+def rollout_metrics(batch: RolloutBatch, group_rewards: torch.Tensor, rollout_tokens: int, env) -> dict[str, float]:
+    """`rollout/*` of the batch; `group_rewards` [G, S], `rollout_tokens` all reply tokens, `env` one
+    instance of the env (its input-independent reasoning sentence, its own batch metrics)."""
+    stats = batch_stats(batch, env.template_think)
     return {f"rollout/{k}": v for k, v in stats.items()} | {
         "rollout/group_reward_std": float(group_reward_stats(group_rewards, statistic="std").mean()),
         "rollout/frac_zero_std_groups": float(zero_spread(group_rewards).double().mean()),
         "rollout/response_tokens": rollout_tokens / len(batch),
         "rollout/truncated": sum(batch.truncated) / len(batch),
-    } | {f"rollout/{k}": v for k, v in sandbox_metrics(i for infos in batch.step_infos for i in infos).items()}
+    } | {f"rollout/{k}": v for k, v in env.batch_metrics([i for infos in batch.step_infos for i in infos]).items()}
 
 
 def cost_metrics(r: Run, batch: RolloutBatch, kept_rows: list[int], metrics: dict) -> dict:

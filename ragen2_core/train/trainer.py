@@ -154,7 +154,7 @@ def setup(cfg, sink) -> Run:
         compile=rcfg.compile)
     whiten_adv = algo.whiten_advantages if algo.whiten_advantages is not None else algo.advantage == "gae"
     r = Run(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
-            reference=reference, tok=tok, make_env=make_env, template=make_env().template_think,
+            reference=reference, tok=tok, make_env=make_env, env=make_env(),
             objective=objective, whiten=whiten_adv, micro=micro, sampling=sampling, eval_sampling=eval_sampling,
             monitor=StopMonitor(cfg.stops), policy_path=str(policy_path),
             fmt=prompt_format(tok, cfg.policy.chat_template))
@@ -206,7 +206,7 @@ def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     # float64: the spread statistics and the zero-spread test see the rewards as the env gave them.
     group_rewards = torch.tensor(batch.episode_reward, dtype=torch.float64).view(rcfg.n_groups, rcfg.group_size)
     rollout_tokens = sum(map(sum, batch.response_mask))
-    metrics = rollout_metrics(batch, group_rewards, rollout_tokens, r.template)
+    metrics = rollout_metrics(batch, group_rewards, rollout_tokens, r.env)
     metrics |= {"time/rollout_s": rollout_s, "perf/tokens_per_s": rollout_tokens / max(rollout_s, 1e-9),
                 "cost/rollout_tokens": rollout_tokens}
     if r.vllm:
