@@ -8,6 +8,9 @@
     ragen2 sweep SPEC.yaml [--dry-run] [--resume] [...]      # = python sweeps/run.py, see docs/sweeps.md
     ragen2 ui [--experiment NAME] [--port 5000]               # MLflow UI on the project's store, loopback only
     ragen2 report --experiment NAME [--tracking-uri URI] [--out FILE.pdf]   # see docs/reports.md
+    ragen2 study SWEEP_OR_ARCHIVE... [--reference SWEEP]     # a study's tables (docs/reproduction.md)
+    ragen2 power PILOT_SWEEP [--episodes 300] [--seeds 10]    # its power plan
+    ragen2 setting-check BASE.yaml [--episodes 300]           # is the reasoning needed there?
 
 Bad configuration prints every error (field, value, fix) and exits with status 2 before any work;
 so does any other bad input a command can check up front (train/preflight.py): it creates nothing.
@@ -164,21 +167,23 @@ def cmd_train(cfg, args) -> int:
 COMMANDS = {"train": cmd_train, "eval": cmd_eval, "warmstart": cmd_warmstart, "config": cmd_config}
 
 
+# Commands that take their own arguments, no training config: name -> (module with main(argv), what it does).
+OWN_ARGS = {
+    "mi": ("ragen2_core.mi_offline", "MI proxy of dumped rollouts under any causal LM"),
+    "sweep": ("ragen2_core.sweep.driver", "run a sweep spec on Ray Tune, recorded in MLflow"),
+    "ui": ("ragen2_core.ui", "MLflow UI on the project's store, loopback only"),
+    "report": ("ragen2_core.report.build", "comparative PDF report of a sweep from MLflow"),
+    "study": ("ragen2_core.report.study", "tables and figures of a multi-sweep study (docs/reproduction.md)"),
+    "power": ("ragen2_core.report.power", "seeds and validation episodes a study needs, from its pilots"),
+    "setting-check": ("ragen2_core.report.setting_check", "is the reasoning needed in a setting? (acceptance numbers)"),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # These take no training config, only their own arguments.
-    if argv[:1] == ["mi"]:
-        from ragen2_core import mi_offline
-        return mi_offline.main(argv[1:])
-    if argv[:1] == ["sweep"]:
-        from ragen2_core.sweep import driver
-        return driver.main(argv[1:])
-    if argv[:1] == ["ui"]:
-        from ragen2_core import ui
-        return ui.main(argv[1:])
-    if argv[:1] == ["report"]:
-        from ragen2_core.report import build
-        return build.main(argv[1:])
+    if argv[:1] and argv[0] in OWN_ARGS:  # no training config, only their own arguments
+        import importlib
+        return importlib.import_module(OWN_ARGS[argv[0]][0]).main(argv[1:])
     parser = argparse.ArgumentParser(prog="ragen2", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -202,10 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("config", help="print the resolved config (or --describe every field)")
     _config_args(p)
     p.add_argument("--describe", action="store_true")
-    sub.add_parser("mi", help="MI proxy of dumped rollouts under any causal LM (ragen2 mi --help)", add_help=False)
-    sub.add_parser("sweep", help="run a sweep spec on Ray Tune, recorded in MLflow (ragen2 sweep --help)", add_help=False)
-    sub.add_parser("ui", help="MLflow UI on the project's store, loopback only (ragen2 ui --help)", add_help=False)
-    sub.add_parser("report", help="comparative PDF report of a sweep from MLflow (ragen2 report --help)", add_help=False)
+    for name, (_, what) in OWN_ARGS.items():
+        sub.add_parser(name, help=f"{what} (ragen2 {name} --help)", add_help=False)
     args = parser.parse_args(argv)
     try:
         extra = [f"tracking.uri={args.tracking_uri}"] if getattr(args, "tracking_uri", None) else []

@@ -173,36 +173,6 @@ def min_detectable_difference(sd: float, n_per_arm: int, *, alpha: float = 0.05,
     return float(q * sd * math.sqrt(cells / n_per_arm))
 
 
-def seeds_needed(sd: float, target: float, *, alpha: float = 0.05, power: float = 0.8, max_n: int = 10_000) -> int:
-    """Fewest trials per arm whose t-corrected minimum detectable difference is <= ``target``."""
-    if sd == 0:
-        return 2
-    for n in range(2, max_n + 1):
-        if min_detectable_difference(sd, n, alpha=alpha, power=power, t=True) <= target:
-            return n
-    raise ValueError(f"more than {max_n} trials per arm are needed for a difference of {target} at sd {sd}")
-
-
-def sd_upper(sd: float, n: int, level: float = 0.8) -> float:
-    """One-sided upper confidence bound of a normal SD estimated from ``n`` values: an SD from a few
-    pilot seeds is itself uncertain, and planning with the point estimate underpowers half the time."""
-    if n < 2:
-        return math.inf
-    return float(sd * math.sqrt((n - 1) / sps.chi2.ppf(1 - level, n - 1)))
-
-
-def trial_sd(seed_sd: float, p: float, n_episodes: int) -> float:
-    """Per-trial SD of a success rate measured on ``n_episodes`` validation episodes: the spread
-    between seeds plus the binomial noise of the measurement, p (1 - p) / n."""
-    return math.sqrt(seed_sd ** 2 + p * (1 - p) / n_episodes)
-
-
-def seed_sd(total_sd: float, p: float, n_episodes: int) -> float:
-    """The part of a measured per-trial SD that is not the validation's binomial noise (trial_sd's
-    inverse; 0 when the binomial noise alone explains the spread)."""
-    return math.sqrt(max(0.0, total_sd ** 2 - p * (1 - p) / n_episodes))
-
-
 def _iqm_axis(*samples, axis=-1):
     return sps.trim_mean(np.concatenate(samples, axis=axis), 0.25, axis=axis)
 

@@ -1,11 +1,7 @@
-"""reports/power.py's plan from pilot finals, with the numbers derived by hand."""
-import sys
-from pathlib import Path
-
+"""The power plan (ragen2 power) from pilot finals, with the numbers derived by hand."""
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reports"))
-import power  # noqa: E402
+from ragen2_core.report import power
 
 
 def test_plan_row_on_the_pilots_own_validation_set_uses_its_spread():

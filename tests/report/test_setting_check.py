@@ -1,18 +1,15 @@
-"""reports/setting_check.py's teacher-forced reading, with stand-in models whose every prediction is
+"""ragen2 setting-check's teacher-forced reading, with stand-in models whose every prediction is
 known: one that always predicts the episode's next token, and one that gets one token wrong."""
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "reports"))
-import setting_check  # noqa: E402
-
-from ragen2_core.envs.doors import DoorsEnv  # noqa: E402
-from ragen2_core.policy.warmstart import SHIPPED, expert_episode  # noqa: E402
-from ragen2_core.rollout.prompt import RAW  # noqa: E402
+from ragen2_core.envs.doors import DoorsEnv
+from ragen2_core.policy.warmstart import SHIPPED, expert_episode
+from ragen2_core.report import setting_check
+from ragen2_core.rollout.prompt import RAW
 
 TOKENIZER = next(SHIPPED.glob("embedded-*"), None)
 pytestmark = pytest.mark.skipif(TOKENIZER is None, reason="no shipped policy folder to take a tokenizer from")

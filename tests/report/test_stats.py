@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from ragen2_core.report import stats
+from ragen2_core.report import power, stats
 
 
 def test_iqm_by_hand():
@@ -166,11 +166,11 @@ def test_minimum_detectable_difference_and_trial_sd():
     # Four times the trials halve it.
     assert stats.min_detectable_difference(0.1, 40) == pytest.approx(0.12529 / 2, abs=1e-5)
     # sqrt(0.05^2 + 0.25 / 300) = sqrt(0.0025 + 0.000833) = 0.057735
-    assert stats.trial_sd(0.05, 0.5, 300) == pytest.approx(0.057735, abs=1e-6)
-    assert stats.trial_sd(0.0, 1.0, 300) == 0.0
+    assert power.trial_sd(0.05, 0.5, 300) == pytest.approx(0.057735, abs=1e-6)
+    assert power.trial_sd(0.0, 1.0, 300) == 0.0
     # seed_sd undoes trial_sd; binomial noise larger than the spread leaves no seed part.
-    assert stats.seed_sd(0.057735, 0.5, 300) == pytest.approx(0.05, abs=1e-5)
-    assert stats.seed_sd(0.01, 0.5, 300) == 0.0
+    assert power.seed_sd(0.057735, 0.5, 300) == pytest.approx(0.05, abs=1e-5)
+    assert power.seed_sd(0.01, 0.5, 300) == 0.0
 
 
 def test_small_sample_mde_seeds_needed_and_sd_upper_bound():
@@ -180,8 +180,8 @@ def test_small_sample_mde_seeds_needed_and_sd_upper_bound():
     assert stats.min_detectable_difference(0.1, 1, t=True) == float("inf")
     # sd 0.1, target 0.1: n = 17 gives (2.0369 + 0.8530) * 0.1 * sqrt(2/17) = 0.09912, n = 16 gives
     # (2.0423 + 0.8538) * 0.1 * sqrt(2/16) = 0.10239.
-    assert stats.seeds_needed(0.1, 0.1) == 17
+    assert power.seeds_needed(0.1, 0.1) == 17
     assert stats.min_detectable_difference(0.1, 17, t=True) <= 0.1 < stats.min_detectable_difference(0.1, 16, t=True)
     # 80 % upper bound from 5 values: sqrt(4 / chi2_.20(4)) = sqrt(4 / 1.64878) = 1.55756
-    assert stats.sd_upper(1.0, 5) == pytest.approx(1.55756, abs=1e-4)
-    assert stats.sd_upper(1.0, 1) == float("inf")
+    assert power.sd_upper(1.0, 5) == pytest.approx(1.55756, abs=1e-4)
+    assert power.sd_upper(1.0, 1) == float("inf")

@@ -1,24 +1,13 @@
-"""reports/study.py on the made-up fixture sweep (TEST DATA, see sweep_fixture.py)."""
-import importlib.util
-from pathlib import Path
-
+"""ragen2 study on the made-up fixture sweep (TEST DATA, see sweep_fixture.py)."""
 import pytest
 
+from ragen2_core.report import study
 from sweep_fixture import EXPERIMENT, write_sweep
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_study():
-    spec = importlib.util.spec_from_file_location("study", ROOT / "reports" / "study.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_cell_changes_and_pooled_rho(tmp_path, capsys):
     uri = write_sweep(tmp_path)
-    assert load_study().main(["--tracking-uri", uri, EXPERIMENT]) == 0
+    assert study.main(["--tracking-uri", uri, EXPERIMENT]) == 0
     out = capsys.readouterr().out
     # filter kl=0: finals 0.5, 0.6, 0.7; MI logged as mi * step / 16 at steps 1..16, so each trial's
     # change (last quarter minus first quarter: one reading each) is 15/16 of its last MI (0.9, 1.0,
@@ -37,7 +26,7 @@ def test_cell_changes_and_pooled_rho(tmp_path, capsys):
 
 def test_comparisons_within_a_sweep(tmp_path, capsys):
     uri = write_sweep(tmp_path)
-    assert load_study().main(["--tracking-uri", uri, EXPERIMENT]) == 0
+    assert study.main(["--tracking-uri", uri, EXPERIMENT]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if "| filter vs nofilter (algo.kl_coef=0) |" in line)
     cells = [c.strip() for c in row.strip("|").split("|")]
@@ -55,7 +44,6 @@ def test_comparisons_within_a_sweep(tmp_path, capsys):
 def test_comparisons_against_a_reference_sweep(tmp_path):
     import copy
     from ragen2_core.report.collect import collect
-    study = load_study()
     sweep = collect(write_sweep(tmp_path), EXPERIMENT)
     ref = copy.deepcopy(sweep)  # the default cells: kl 0 only, as a sweep of its own
     ref.experiment = "defaults"
@@ -85,7 +73,6 @@ def test_centred_removes_what_differs_between_cells():
     # and (-2.5 -1 1 2.5 1 -1): products sum to 7.5, squares to 17.5 and 16.5, rho = 7.5 /
     # sqrt(17.5 * 16.5) = 0.4414: the cells' levels alone make x look predictive.
     from ragen2_core.report import stats
-    study = load_study()
     pts = [("A", 1, 0.25), ("A", 2, 0.5), ("A", 3, 0.75), ("B", 11, 1.0), ("B", 12, 0.75), ("B", 13, 0.5),
            ("C", 5, 0.9)]  # a cell of one trial has no within-cell spread: left out
     x, y = study.centred(pts)
@@ -97,7 +84,7 @@ def test_centred_removes_what_differs_between_cells():
 
 def test_within_cell_column_in_the_table(tmp_path, capsys):
     uri = write_sweep(tmp_path)
-    assert load_study().main(["--tracking-uri", uri, EXPERIMENT]) == 0
+    assert study.main(["--tracking-uri", uri, EXPERIMENT]) == 0
     out = capsys.readouterr().out
     assert "| within cells: rho [95% CI] |" in out
     # in the fixture MI rises with success inside each cell too (mi and success both grow with the
@@ -119,7 +106,7 @@ def test_effect_against_the_reference_effect(tmp_path, capsys):
     ref.expected = [e | {"condition": "all"} for e in ref.expected if e["condition"] == "algo.kl_coef=0"]
     ref.spec["axes"] = {}
     paths = [archive.save(s, tmp_path / f"{s.experiment}{archive.SUFFIX}") for s in (ref, sweep)]
-    assert load_study().main(["--reference", "defaults", *map(str, paths)]) == 0
+    assert study.main(["--reference", "defaults", *map(str, paths)]) == 0
     out = capsys.readouterr().out
     head = "### each arm's effect against its effect in defaults"
     assert head in out
@@ -143,7 +130,6 @@ def test_effect_against_the_reference_effect(tmp_path, capsys):
 def test_success_and_effect_against_an_axis(tmp_path, capsys):
     import copy
     from ragen2_core.report.collect import collect
-    study = load_study()
     sweep = collect(write_sweep(tmp_path), EXPERIMENT)
     ref = copy.deepcopy(sweep)
     ref.experiment = "defaults"
