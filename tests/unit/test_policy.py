@@ -124,6 +124,7 @@ def test_scratchpad_enters_the_cache_key_only_when_it_changes_the_traces():
     del shape["policy"]["chat_template"]  # out of the key at auto, for the same reason
     del shape["policy"]["lora"], shape["warmstart"]["init_from"]  # adapters come later; init_from at scratch
     del shape["warmstart"]["grounded_steps"]  # out of the key at 0 (no curriculum)
+    del shape["warmstart"]["pretrained"]  # a pretrained model's switch, never in the embedded key
     old = hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:12]
     assert path_key == old
     base.env.frozenlake.scratchpad = "scan"

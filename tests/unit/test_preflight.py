@@ -62,7 +62,7 @@ def test_a_garbage_model_folder_is_refused(cwd, capsys):
     (model / "model.safetensors").write_bytes(b"\0" * 64)
     assert train(cwd, "policy.model=model") == 2
     err = capsys.readouterr().err
-    assert "policy.model: cannot load 'model'" in err and "an HF model name, or embedded" in err
+    assert "policy.model: cannot load 'model'" in err and "an HF model name, a .gguf file, or embedded" in err
     assert contents(cwd) == ["model", "model/config.json", "model/model.safetensors"]
 
 
