@@ -588,6 +588,13 @@ class TrainConfig:
         if self.warmstart.pretrained and self.policy.model == "embedded":
             errs.append("warmstart.pretrained=true is for a pretrained policy.model; the embedded policy is always "
                         "warm-started (warmstart.enabled); set warmstart.pretrained=false")
+        if self.warmstart.pretrained and self.policy.model != "embedded":
+            if self.warmstart.grounded_steps:
+                errs.append(f"warmstart.grounded_steps={self.warmstart.grounded_steps}: the format warm start of a "
+                            "pretrained model has no curriculum stage; set warmstart.grounded_steps=0")
+            if self.warmstart.init_from != "scratch":
+                errs.append(f"warmstart.init_from={self.warmstart.init_from}: a pretrained model's format warm start "
+                            "starts from policy.model itself; set warmstart.init_from=scratch")
         if self.warmstart.init_from == "default" and self.policy.model == "embedded":
             default = PolicyConfig()
             for name in EMBEDDED_SHAPE:

@@ -106,6 +106,16 @@ def test_pretrained_switch_is_refused_for_the_embedded_policy():
         load_config(None, ["warmstart.pretrained=true"])
 
 
+def test_embedded_only_warm_start_fields_are_refused_for_a_pretrained_model():
+    # They would be ignored by the format warm start: refused, naming the fix.
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["policy.model=some/model", "warmstart.pretrained=true", "warmstart.grounded_steps=10",
+                           "warmstart.init_from=default"])
+    assert any("grounded_steps=10" in m and "set warmstart.grounded_steps=0" in m for m in e.value.errors)
+    assert any("init_from=default" in m and "set warmstart.init_from=scratch" in m for m in e.value.errors)
+    load_config("sweeps/base/smollm2_frozenlake.yaml")  # the shipped real-model config passes
+
+
 def test_shared_think_frac_counts_text_written_for_two_prompts():
     # "a" is written for prompts 1, 2 and 1 (two different prompts: its 3 turns are shared); "b" only
     # for prompt 1 and "c" only for 3 -> 3 of 5 turns shared
