@@ -27,14 +27,13 @@ from ragen2_core.atomic import build_folder_once
 from ragen2_core.config import RL_ONLY_ENV_FIELDS, trace_env
 from ragen2_core.policy.gguf import MARKER as GGUF_MARKER
 from ragen2_core.policy.lora import apply_lora, has_adapters, merged_state_dict
-from ragen2_core.policy.model import count_parameters, load_pretrained, load_tokenizer
+from ragen2_core.policy.model import WEIGHT_FILES, count_parameters, load_pretrained, load_tokenizer
 from ragen2_core.policy.warmstart import expert_traces, supervised_pass, tokenize_traces
 from ragen2_core.rollout.episodes import single_token_id
 from ragen2_core.rollout.prompt import prompt_format
 
 MARKER = "ragen2_format_warmstart.json"  # written last into every built folder
 VERSION = 1                              # bump when the traces' rendering changes
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
 def base_identity(base: str) -> str:
@@ -44,8 +43,8 @@ def base_identity(base: str) -> str:
     if (folder / GGUF_MARKER).exists():
         return "gguf:" + json.loads((folder / GGUF_MARKER).read_text())["sha256"]
     if folder.is_dir():
-        stamp = [(f, (folder / f).stat().st_size, (folder / f).stat().st_mtime_ns)
-                 for f in ("config.json", *WEIGHT_FILES) if (folder / f).exists()]
+        files = sorted({folder / "config.json", *(f for g in WEIGHT_FILES for f in folder.glob(g))})
+        stamp = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.exists()]
         return "dir:" + str(folder.resolve()) + ":" + json.dumps(stamp)
     return "hub:" + base
 

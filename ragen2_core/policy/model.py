@@ -16,6 +16,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, PreTrainedTokeniz
                           Qwen2ForCausalLM)
 
 EMBEDDED_MARKER = "ragen2_meta.json"  # written beside every embedded policy
+WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")  # what from_pretrained reads
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

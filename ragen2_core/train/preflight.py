@@ -30,7 +30,6 @@ NO_MEMORY_CHECK = "--no-memory-check"
 # The URI schemes MLflow 3 registers a tracking store for ('' is a plain folder).
 TRACKING_SCHEMES = ("", "file", "sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks",
                     "databricks-uc", "uc")
-WEIGHT_FILES = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin")  # what from_pretrained reads
 
 
 def preflight(cfg, *, memory_check: bool = True) -> list[str]:
@@ -138,6 +137,7 @@ def policy_problems(cfg) -> tuple[Shape | None, list[str]]:
         missing = find_policy(cfg.policy, cfg.warmstart, cfg.env)[1] == "missing"
         return embedded_shape(cfg.policy), output_problems(cfg.policy.cache_dir, "policy.cache_dir") if missing else []
     from ragen2_core.policy.gguf import GGUFError, resolve_model
+    from ragen2_core.policy.model import WEIGHT_FILES
 
     fix = ("give a folder that save_pretrained wrote (config.json, the tokenizer's files, the weights), "
            "an HF model name, a .gguf file, or embedded")
