@@ -1,6 +1,6 @@
 """A sweep as one file: what `collect` reads from MLflow (trials, curves, spec, validation samples),
 saved so that reports and study tables can be rebuilt where the store is not: another machine, a
-later session, a reader of docs/reproduction.md.
+later day, a reader of docs/reproduction.md.
 
     python reports/archive.py filter_vs_nofilter --out docs/data/doors   # -> docs/data/doors/filter_vs_nofilter.json.gz
     ragen2 report --archive docs/data/doors/filter_vs_nofilter.json.gz   # the same PDF as from the store
