@@ -114,8 +114,9 @@ def engine_at(rev: str):
         return module
     exec(compile(show("ragen2_core/rollout/sampler.py"), f"{rev}:ragen2_core/rollout/sampler.py", "exec"),
          module.__dict__)
-    episodes = show("ragen2_core/rollout/episodes.py").replace(
-        "from ragen2_core.rollout.sampler import", "from builtins import id as _unused  #")
+    # Its import of the sampler would load today's; the revision's is already in the module.
+    episodes = "\n".join(line for line in show("ragen2_core/rollout/episodes.py").splitlines()
+                          if not line.startswith("from ragen2_core.rollout.sampler import"))
     exec(compile(episodes, f"{rev}:ragen2_core/rollout/episodes.py", "exec"), module.__dict__)
     return module
 
