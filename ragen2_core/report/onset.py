@@ -165,6 +165,19 @@ def trial_rows(sweep) -> list[str]:
     return rows
 
 
+def curve_rows(sweep, metric: str, width: int) -> list[str]:
+    """One Markdown row per trial: ``metric``'s mean over each window of ``width`` logged steps (the
+    windows of `windows`, named by their first and last step), for curves no column above shows."""
+    rows = [f"| arm | seed | `{metric}`, mean of each {width} logged steps |", "| --- | --- | --- |"]
+    for t in sorted(sweep.trials, key=lambda t: (sweep.arms.index(t.arm), t.condition, str(t.seed))):
+        steps = t.curve(metric)[0]
+        cells = [f"{steps[steps.index(last) - width + 1]}-{last}: {_f(mean, 3)}"
+                 for last, mean in windows(t.curve(metric), width)]
+        rows.append(f"| {t.arm}{'' if t.condition == 'all' else ' ' + t.condition} | {t.seed} | "
+                    f"{', '.join(cells) or '-'} |")
+    return rows
+
+
 def alarm_summary(trials, alarms=ALARMS) -> list[dict]:
     """Per alarm, over ``trials``: lead times (failure step minus alarm step) of the collapsed trials
     it caught in time, how many collapsed trials it missed (no alarm, or one after the failure), and

@@ -101,3 +101,15 @@ def test_alarm_summary_counts_leads_misses_and_false_alarms():
     (r,) = alarm_summary(trials, (Alarm(z, level=2.0),))
     assert (r["collapsed"], r["caught"], sorted(r["leads"]), r["missed"]) == (3, 2, [1, 3], 1)
     assert (r["quiet"], r["false_alarms"]) == (2, 1)
+
+
+def test_curve_rows_name_each_window_by_its_steps():
+    from types import SimpleNamespace
+
+    from ragen2_core.report.onset import curve_rows
+    # Logged every 2 steps from 2: windows of 2 readings are steps 2-4 (0.1, 0.3 -> 0.2) and 6-8
+    # (0.5, nan -> 0.5); the lone reading at step 10 is no window.
+    t = FakeTrial(**{"actor/entropy": curve([0.1, 0.3, 0.5, float("nan"), 0.9], start=2, every=2)})
+    t.arm, t.condition, t.seed = "kl", "all", 7
+    rows = curve_rows(SimpleNamespace(trials=[t], arms=["kl"]), "actor/entropy", 2)
+    assert rows[2] == "| kl | 7 | 2-4: 0.200, 6-8: 0.500 |"
