@@ -23,7 +23,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from ragen2_core.algo.objective import Objective
 from ragen2_core.metrics.gradients import decomposition_stats
 from ragen2_core.train.grad_probe import accumulate, combine, gradient_probe
-from ragen2_core.types import PreparedBatch
+from ragen2_core.batches import PreparedBatch
 
 
 def batch(rows: int, length: int, reply: int, vocab: int, seed: int = 0) -> dict:

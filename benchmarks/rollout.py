@@ -24,6 +24,13 @@ A real model, in its own chat template (the HF drivers render the episodes as th
     python benchmarks/rollout.py --config sweeps/base/smollm2_frozenlake.yaml \
         --set warmstart.pretrained=false --episodes 16 --skip-naive
 
+``--vllm`` adds the vLLM backend on the same model, episodes and episode loop (run it in the vLLM
+environment, ``bash scripts/setup_vllm.sh``; it warms up on 4 episodes first, and its start-up is
+reported apart), with ``vllm_ratio`` = vLLM tokens/s / ours (goal >= 2):
+
+    OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/rollout.py --config sweeps/base/smollm2_frozenlake.yaml \
+        --set warmstart.pretrained=false --episodes 16 --skip-naive --vllm
+
 ``--backend vllm`` (run it in the vLLM environment, ``bash scripts/setup_vllm.sh``) measures instead our
 engine against the vLLM backend on a random-init model of Qwen2.5-0.5B's shape (vocabulary 151,936,
 fp32), the same 64 multi-turn FrozenLake episodes, seeds and per-turn budget through the same
@@ -36,6 +43,7 @@ fp32), the same 64 multi-turn FrozenLake episodes, seeds and per-turn budget thr
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 import time
@@ -48,18 +56,18 @@ from ragen2_core.envs.registry import env_factory
 from ragen2_core.policy.load import load_policy
 from ragen2_core.rollout.episodes import rollout, single_token_id
 from ragen2_core.rollout.sampler import SamplingParams
-from ragen2_core.rollout.prompt import RAW, RawFormat, prompt_format, user_text
+from ragen2_core.rollout.prompt import RAW, RawFormat, load_prompt_format, user_text
 
 
-def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool, fmt: RawFormat = RAW) -> int:
-    """Play the episodes with HF generate, rendering them in ``fmt`` as the engine does; returns the
+def hf_driver(model, tok, make_env, seeds, p: SamplingParams, *, batched: bool, prompt_format: RawFormat = RAW) -> int:
+    """Play the episodes with HF generate, rendering them in ``prompt_format`` as the engine does; returns the
     number of generated tokens."""
     envs = [make_env() for _ in seeds]
     obs = [e.reset(s, dynamics_seed=s) for e, s in zip(envs, seeds)]
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
-    convs = [fmt.start(e.system_prompt(), user_text(1, o, e.actions_left, p.max_new_tokens)) for e, o in zip(envs, obs)]
+    convs = [prompt_format.start(e.system_prompt(), user_text(1, o, e.actions_left, p.max_new_tokens)) for e, o in zip(envs, obs)]
     hist = [enc(c.text) for c in convs]
-    eot = single_token_id(tok, fmt.end_of_turn) if fmt.end_of_turn else None
+    eot = single_token_id(tok, prompt_format.end_of_turn) if prompt_format.end_of_turn else None
     stop = [t for t in (single_token_id(tok, "</answer>"), tok.eos_token_id, eot) if t is not None]
     kw = dict(do_sample=True, temperature=p.temperature, top_k=0, top_p=1.0,
               max_new_tokens=p.max_new_tokens, eos_token_id=stop, pad_token_id=tok.pad_token_id)
@@ -108,16 +116,20 @@ def engine_at(rev: str):
     name = f"engine_at_{rev}"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     sys.modules[name] = module  # its dataclasses look their module up there
+    def run(path, text):
+        # The batches module was types.py before it was named for what it holds.
+        text = text.replace("from ragen2_core.types import", "from ragen2_core.batches import")
+        exec(compile(text, f"{rev}:{path}", "exec"), module.__dict__)
+
     old = show("ragen2_core/rollout/engine.py")
     if old is not None and "def rollout(" in old:
-        exec(compile(old, f"{rev}:ragen2_core/rollout/engine.py", "exec"), module.__dict__)
+        run("ragen2_core/rollout/engine.py", old)
         return module
-    exec(compile(show("ragen2_core/rollout/sampler.py"), f"{rev}:ragen2_core/rollout/sampler.py", "exec"),
-         module.__dict__)
+    run("ragen2_core/rollout/sampler.py", show("ragen2_core/rollout/sampler.py"))
     # Its import of the sampler would load today's; the revision's is already in the module.
-    episodes = "\n".join(line for line in show("ragen2_core/rollout/episodes.py").splitlines()
-                          if not line.startswith("from ragen2_core.rollout.sampler import"))
-    exec(compile(episodes, f"{rev}:ragen2_core/rollout/episodes.py", "exec"), module.__dict__)
+    run("ragen2_core/rollout/episodes.py", "\n".join(
+        line for line in show("ragen2_core/rollout/episodes.py").splitlines()
+        if not line.startswith("from ragen2_core.rollout.sampler import")))
     return module
 
 
@@ -183,6 +195,9 @@ def main() -> None:
     ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
     ap.add_argument("--compile", action="store_true", help="also time rollout.compile (after compiling it)")
     ap.add_argument("--against", metavar="REV", help="also time the engine of this git revision, alternately")
+    ap.add_argument("--vllm", action="store_true", help="also time the vLLM backend on the same model and episodes "
+                    "(run in the vLLM environment)")
+    ap.add_argument("--vllm-memory-gb", type=float, default=2.0, help="--vllm: KV cache size")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.backend == "vllm":
@@ -193,22 +208,28 @@ def main() -> None:
     make_env = env_factory(cfg.env)
     seeds = list(range(args.episodes))
     p = SamplingParams(temperature=1.0, max_new_tokens=cfg.rollout.max_new_tokens)
-    fmt = prompt_format(tok, cfg.policy.chat_template)
+    prompt_format = load_prompt_format(tok, cfg.policy.chat_template)
 
-    def ours(compiled: bool = False, engine=None):
-        """Our rollout (`engine`: another version's engine module, with its own SamplingParams)."""
+    def ours(compiled: bool = False, engine=None, session=None, n: int = len(seeds)):
+        """Our rollout (`engine`: another version's engine module, with its own SamplingParams;
+        `session`: a generation backend's sessions, e.g. vLLM's, under the same episode loop)."""
         if engine is None:
             play, sampling = rollout, replace(p, compile=compiled)
         else:
             play, sampling = engine.rollout, engine.SamplingParams(temperature=1.0, max_new_tokens=p.max_new_tokens)
-        b = play(model, tok, make_env, env_seeds=seeds, dynamics_seeds=seeds, group_ids=seeds,
-                 sampling=sampling, generator=torch.Generator().manual_seed(0), fmt=fmt)
+        # Older revisions call the format `fmt`, and the oldest take none (raw text only).
+        params = inspect.signature(play).parameters
+        form = {k: prompt_format for k in ("prompt_format", "fmt") if k in params}
+        if session is not None:
+            form["session"] = session(n)
+        b = play(model, tok, make_env, env_seeds=seeds[:n], dynamics_seeds=seeds[:n], group_ids=seeds[:n],
+                 sampling=sampling, generator=torch.Generator().manual_seed(0), **form)
         return sum(sum(m) for m in b.response_mask)
 
     def hf(batched):
         torch.manual_seed(0)
         with torch.no_grad():
-            return hf_driver(model, tok, make_env, seeds, p, batched=batched, fmt=fmt)
+            return hf_driver(model, tok, make_env, seeds, p, batched=batched, prompt_format=prompt_format)
 
     ways = {"ours": ours, "hf_batched": lambda: hf(True)}
     if not args.skip_naive:
@@ -226,6 +247,14 @@ def main() -> None:
     if args.compile:
         extra["compile_s"] = round(timed(lambda: ours(True))[0], 1)   # compiles the decode step
         ways["compiled"] = lambda: ours(True)
+    if args.vllm:
+        from ragen2_core.rollout.vllm_backend import VLLMEngine
+        t0 = time.perf_counter()
+        engine = VLLMEngine(model, dtype="float32", max_context_tokens=cfg.rollout.max_context_tokens,
+                            memory_gb=args.vllm_memory_gb, seed=0)
+        extra["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
+        ours(session=engine.session, n=4)  # warm-up: first-call costs stay out of the timing
+        ways["vllm"] = lambda: ours(session=engine.session)
     for name, fn in ways.items():
         runs = [timed(fn) for _ in range(args.repeats)]
         sec, tokens = min(runs)
@@ -237,7 +266,11 @@ def main() -> None:
         "ratio": round(results["naive"]["seconds"] / ours_s, 2) if "naive" in results else None,
         "ratio_vs_hf_batched": round(results["hf_batched"]["seconds"] / ours_s, 2),
         **({"compile_ratio": round(ours_s / results["compiled"]["seconds"], 2)} if args.compile else {}),
-        "goal": {"ratio": 8, "ratio_vs_hf_batched": 1.3}, **extra, **results}))
+        # vLLM's tokens/s over ours: sampled replies differ in length between engines, so time per token
+        **({"vllm_ratio": round(results["vllm"]["tokens_per_s"] / results["ours"]["tokens_per_s"], 2)}
+           if args.vllm else {}),
+        "goal": {"ratio": 8, "ratio_vs_hf_batched": 1.3, **({"vllm_ratio": 2.0} if args.vllm else {})},
+        **extra, **results}))
 
 
 if __name__ == "__main__":

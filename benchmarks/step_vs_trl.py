@@ -28,7 +28,7 @@ from ragen2_core.policy.load import resolve_policy_path
 from ragen2_core.policy.gguf import resolve_model
 from ragen2_core.policy.model import load_tokenizer
 from ragen2_core.rollout.episodes import single_token_id
-from ragen2_core.rollout.prompt import prompt_format, user_text
+from ragen2_core.rollout.prompt import load_prompt_format, user_text
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
 
@@ -71,14 +71,14 @@ def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: 
     cfg = load_config("sweeps/base/frozenlake_tiny.yaml", ["env.max_turns=1"])
     path = path or default_policy()
     tok = load_tokenizer(path)
-    fmt = prompt_format(tok, "auto")  # the prompt our trainer renders: the model's template, or raw text
+    prompt_format = load_prompt_format(tok, "auto")  # the prompt our trainer renders: the model's template, or raw text
     make_env = env_factory(cfg.env)
     prompts, seeds = [], list(range(groups * (steps + 1)))
     for s in seeds:
         env = make_env()
-        prompts.append(fmt.start(env.system_prompt(), user_text(1, env.reset(s), env.actions_left, max_new)).text)
+        prompts.append(prompt_format.start(env.system_prompt(), user_text(1, env.reset(s), env.actions_left, max_new)).text)
     stop = [t for t in (single_token_id(tok, "</answer>"), tok.eos_token_id,
-                        single_token_id(tok, fmt.end_of_turn) if fmt.end_of_turn else None) if t is not None]
+                        single_token_id(tok, prompt_format.end_of_turn) if prompt_format.end_of_turn else None) if t is not None]
 
     def reward(completions, seed, **_):
         out = []

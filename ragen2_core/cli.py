@@ -96,7 +96,7 @@ def cmd_eval(cfg, args) -> int:
     from ragen2_core.policy.load import load_policy
     from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, random_baseline, val_seeds
-    from ragen2_core.rollout.prompt import prompt_format
+    from ragen2_core.rollout.prompt import load_prompt_format
     _threads(cfg)
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
     make_env = env_factory(cfg.env)
@@ -106,7 +106,7 @@ def cmd_eval(cfg, args) -> int:
                               max_context_tokens=cfg.rollout.max_context_tokens, greedy=not args.sample)
     t0 = time.time()
     stats, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed,
-                            fmt=prompt_format(tok, cfg.policy.chat_template))
+                            prompt_format=load_prompt_format(tok, cfg.policy.chat_template))
     stats["seconds"] = round(time.time() - t0, 2)
     stats["random_policy_success"] = random_baseline(make_env, seeds=seeds)["success"]
     stats |= _intervals(stats, episodes=len(seeds), turns=sum(batch.n_turns))

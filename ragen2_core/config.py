@@ -16,7 +16,6 @@ the dataclass; its messages start with the field name and get the section prefix
 """
 import copy
 import dataclasses
-import difflib
 import hashlib
 import json
 import os
@@ -25,31 +24,16 @@ from typing import Optional
 
 import yaml
 
-from ragen2_core import yamlio
+from ragen2_core import presets, yamlio
 from ragen2_core.schema import (ConfigError, build_section, describe as describe_schema, field_problem,
                                 merge as _merge, opt, to_dict)
 
 # ----------------------------------------------------------------------------- loading
 
-def _expand_presets(data: dict) -> list[str]:
-    """Replace a section given as a preset name (``filter: paper``) by the preset's fields, in place.
-
-    A preset stands for the whole section, so later files and overrides refine it field by field."""
-    name = data.get("filter")
-    if not isinstance(name, str):
-        return []
-    if name not in FILTER_PRESETS:
-        hint = difflib.get_close_matches(name, list(FILTER_PRESETS), n=1)
-        return [f"filter: unknown preset {name!r}; use one of {'|'.join(FILTER_PRESETS)}"
-                + (f" (did you mean {hint[0]!r}?)" if hint else "") + " or a mapping of filter fields"]
-    data["filter"] = dict(FILTER_PRESETS[name])
-    return []
-
-
 def _with_base(data: dict, root: Path, chain: tuple) -> dict:
     data = dict(data)
     base = data.pop("base", None)
-    errors = _expand_presets(data)
+    errors = presets.expand(data)
     if errors:
         raise ConfigError(errors)
     if base is None:
@@ -113,7 +97,7 @@ def _apply_override(data: dict, text: str, errors: list[str]) -> None:
         node = node[p]
     both_maps = isinstance(node.get(leaf), dict) and isinstance(value, dict)
     node[leaf] = _merge(node[leaf], value) if both_maps else value
-    errors.extend(_expand_presets(data))
+    errors.extend(presets.expand(data))
 
 
 def load_config(source=None, overrides=()) -> "TrainConfig":
@@ -474,13 +458,6 @@ class FilterConfig:
         return errs
 
 
-# Named whole-section presets: `filter: paper` in YAML or `--set filter=nofilter`.
-FILTER_PRESETS = {
-    "paper": {"strategy": "top_p", "value": 0.9, "mode": "softmax", "include_zero": True},
-    "nofilter": {"strategy": "top_p", "value": 1.0, "include_zero": True},
-}
-
-
 @dataclasses.dataclass
 class CollapseConfig:
     every: int = opt(5, "cross-score reasonings for the MI proxy every N steps; 0 = never", ge=0)
@@ -552,7 +529,7 @@ class TrainConfig:
     warmstart: WarmStartConfig = opt(WarmStartConfig, "supervised warm start")
     rollout: RolloutConfig = opt(RolloutConfig, "rollout sampling")
     algo: AlgoConfig = opt(AlgoConfig, "RL algorithm")
-    filter: FilterConfig = opt(FilterConfig, "reward-variance group filter; or a preset name: " + "|".join(FILTER_PRESETS))
+    filter: FilterConfig = opt(FilterConfig, "reward-variance group filter; or a preset name: " + presets.NAMES)
     collapse: CollapseConfig = opt(CollapseConfig, "template-collapse diagnostics (MI proxy)")
     stops: StopsConfig = opt(StopsConfig, "early stops and alerts")
     grad_probe: GradProbeConfig = opt(GradProbeConfig, "gradient decomposition")

@@ -35,7 +35,7 @@ from ragen2_core.envs.math import data_size_problem
 from ragen2_core.metrics.collapse import collapse_metrics
 from ragen2_core.rollout.cross_score import DEFAULT_TOKEN_BUDGET, cross_score, pick_rows
 from ragen2_core.rollout.dump import load_rollouts
-from ragen2_core.rollout.prompt import RAW, TemplateError, prompt_format
+from ragen2_core.rollout.prompt import RAW, TemplateError, load_prompt_format
 
 # What each metric of collapse_metrics is computed from; the rest need the full cross-scores.
 MATCHED_ONLY = {"cond_entropy", "cond_entropy_per_token"}
@@ -112,7 +112,7 @@ def load_scorer(name: str):
     return model.eval(), tok
 
 
-def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool, fmt=RAW) -> tuple[list, list]:
+def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool, prompt_format=RAW) -> tuple[list, list]:
     """(contexts, reasonings) as token lists under the scorer's tokenizer (or the stored ids)."""
     if ids:
         missing = [e for e in eps if trajectory and "reasonings_ids" not in e]
@@ -122,9 +122,9 @@ def token_lists(eps: list[dict], tok, *, trajectory: bool, ids: bool, fmt=RAW) -
                 [[t for z in e["reasonings_ids"] for t in z] if trajectory else list(e["reasoning_ids"])
                  for e in eps])
     enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
-    if fmt is not RAW and all("system" in e for e in eps):
+    if prompt_format is not RAW and all("system" in e for e in eps):
         # A template writes its own BOS if it has one, as the rollout's first piece did.
-        contexts = [enc(fmt.start(e["system"], e["user"]).text) for e in eps]
+        contexts = [enc(prompt_format.start(e["system"], e["user"]).text) for e in eps]
     else:
         # Raw text is the start of the sequence, so it gets whatever the tokenizer prepends (a BOS).
         contexts = [tok.encode(e["context"]) for e in eps]
@@ -167,10 +167,10 @@ def run(args: argparse.Namespace) -> int:
     eps = [eps[r] for r in rows]
     model, tok = load_scorer(args.model)
     try:
-        fmt = prompt_format(tok, args.chat_template)
+        prompt_format = load_prompt_format(tok, args.chat_template)
     except (FileNotFoundError, TemplateError) as err:
         raise MIError(str(err).replace("policy.chat_template", "--chat-template")) from None
-    contexts, reasonings = token_lists(eps, tok, trajectory=args.trajectory, ids=args.ids, fmt=fmt)
+    contexts, reasonings = token_lists(eps, tok, trajectory=args.trajectory, ids=args.ids, prompt_format=prompt_format)
     contexts = contexts[::k]
     lengths = torch.tensor([len(z) for z in reasonings], dtype=torch.long).view(n, k)
 

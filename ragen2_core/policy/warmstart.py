@@ -52,11 +52,11 @@ def reply_text(think: str, actions: list[str]) -> str:
     return f"{think}</think><answer>{' || '.join(actions)}</answer>"
 
 
-def expert_episode(env, seed: int, style: str, fmt: RawFormat = RAW) -> list[tuple[str, str]]:
+def expert_episode(env, seed: int, style: str, prompt_format: RawFormat = RAW) -> list[tuple[str, str]]:
     """[(prompt piece, reply), ...] of one solved-by-BFS episode (slip as the env has it), rendered
-    in ``fmt`` (rollout/prompt.py)."""
+    in ``prompt_format`` (rollout/prompt.py)."""
     obs = env.reset(seed)
-    conv = fmt.start(env.system_prompt(), user_text(1, obs, env.actions_left, REPLY_BUDGET))
+    conv = prompt_format.start(env.system_prompt(), user_text(1, obs, env.actions_left, REPLY_BUDGET))
     turns, chunk, turn = [], conv.text, 1
     while True:
         expert = env.expert_turn(style)
@@ -123,7 +123,7 @@ def grounded_stage(warm_cfg):
     return replace(warm_cfg, grounded_frac=1.0, steps=warm_cfg.grounded_steps, grounded_steps=0)
 
 
-def expert_traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFormat = RAW
+def expert_traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, prompt_format: RawFormat = RAW
             ) -> list[list[tuple[str, str]]]:
     rng = random.Random(warm_cfg.seed + seed_base)
     episodes = []
@@ -131,7 +131,7 @@ def expert_traces(warm_cfg, env_cfg, n_per_env: int, seed_base: int, fmt: RawFor
         env = env_factory(trace_env(env_cfg, warm_cfg.env), name)()
         for i in range(n_per_env):
             style = "grounded" if rng.random() < warm_cfg.grounded_frac else "template"
-            episodes.append(expert_episode(env, seed_base + i, style, fmt))
+            episodes.append(expert_episode(env, seed_base + i, style, prompt_format))
     rng.shuffle(episodes)
     return episodes
 
@@ -202,14 +202,14 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
         return _continue_embedded(out_dir, warm_cfg, env_cfg, base_dir)
     t0 = time.time()
     template = read_template(policy_cfg.chat_template)
-    fmt, specials = RAW, template_markers(template) if template else []
+    prompt_format, specials = RAW, template_markers(template) if template else []
     if template:
         # Rendering needs a tokenizer; a draft trained on the raw traces renders the corpus that the
         # real one is trained on, so the template's own words become tokens too.
         draft = train_tokenizer([c + r for ep in expert_traces(warm_cfg, env_cfg, 50, seed_base=0) for c, r in ep],
                                 vocab_size=policy_cfg.vocab_size, specials=specials)
-        fmt = ChatFormat(draft, template)
-    corpus_eps = expert_traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0, fmt=fmt)
+        prompt_format = ChatFormat(draft, template)
+    corpus_eps = expert_traces(warm_cfg, env_cfg, TOKENIZER_EPISODES, seed_base=0, prompt_format=prompt_format)
     # The corpus also sees the grounded style for every env, whatever grounded_frac is.
     texts = [c + r for ep in corpus_eps for c, r in ep]
     for name in warm_cfg.envs:
@@ -220,14 +220,14 @@ def build_embedded(out_dir: Path, policy_cfg, warm_cfg, env_cfg, base_dir: Path 
     tok = train_tokenizer(texts, vocab_size=policy_cfg.vocab_size, specials=specials)
     if template:
         tok.chat_template = template  # saved with the policy: `auto` finds it there
-        fmt = ChatFormat(tok, template)
+        prompt_format = ChatFormat(tok, template)
     model = build_tiny_qwen2(tok, hidden_size=policy_cfg.hidden_size, num_layers=policy_cfg.num_layers,
                              num_heads=policy_cfg.num_heads, num_kv_heads=policy_cfg.num_kv_heads,
                              intermediate_size=policy_cfg.intermediate_size, seed=warm_cfg.seed)
     meta = {"params": count_parameters(model), "vocab": len(tok), "warmstart": asdict(warm_cfg)}
     if warm_cfg.enabled:
         # Training episodes use seeds disjoint from the tokenizer corpus and from validation.
-        episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, fmt=fmt)
+        episodes = expert_traces(warm_cfg, env_cfg, warm_cfg.episodes, seed_base=10_000_000, prompt_format=prompt_format)
         data = tokenize_traces(episodes, tok)
         losses = supervised_pass(model, data, steps=warm_cfg.steps, batch_size=warm_cfg.batch_size,
                                  lr=warm_cfg.lr, seed=warm_cfg.seed, pad_id=tok.pad_token_id)

@@ -14,7 +14,7 @@ import matplotlib
 import numpy as np
 from matplotlib.figure import Figure
 
-from ragen2_core.config import FILTER_PRESETS
+from ragen2_core import presets
 from ragen2_core.report import stats
 from ragen2_core.report.analysis import CURVE_METRICS, SIDE_METRICS, SUCCESS, curve, curve_trials
 from ragen2_core.report.collect import Sweep, Trial, parse_value
@@ -242,9 +242,7 @@ def spreads(trials: list[Trial], metric: str) -> Optional[list[float]]:
 
 def is_no_filter(trial: Trial) -> bool:
     """Whether the trial ran the no-filter preset, which keeps every group by construction."""
-    preset = {f"filter.{k}": v for k, v in FILTER_PRESETS["nofilter"].items()}
-    same = all(k in trial.params and parse_value(trial.params[k]) == v for k, v in preset.items())
-    return same and trial.params.get("filter.schedule.kind", "const") == "const"
+    return presets.uses(trial.params, "filter", "nofilter", parse_value) and trial.params.get("filter.schedule.kind", "const") == "const"
 
 
 def filter_cell(sweep: Sweep, arm: str, condition: str) -> dict:

@@ -61,7 +61,7 @@ def play(cfg) -> dict:
     from ragen2_core.policy.load import load_policy
     from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.evaluate import evaluate, think_text, val_seeds
-    from ragen2_core.rollout.prompt import prompt_format
+    from ragen2_core.rollout.prompt import load_prompt_format
 
     torch.set_num_threads(cfg.train.threads or 1)
     model, tok, path = load_policy(cfg.policy, cfg.warmstart, cfg.env)
@@ -69,12 +69,12 @@ def play(cfg) -> dict:
     sampling = SamplingParams(temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k,
                               max_new_tokens=cfg.rollout.max_new_tokens,
                               max_context_tokens=cfg.rollout.max_context_tokens, greedy=False)
-    fmt, seeds = prompt_format(tok, cfg.policy.chat_template), val_seeds(cfg.env)
+    prompt_format, seeds = load_prompt_format(tok, cfg.policy.chat_template), val_seeds(cfg.env)
     t0 = time.time()
-    summary, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed, fmt=fmt)
+    summary, batch = evaluate(model, tok, make_env, seeds=seeds, sampling=sampling, seed=cfg.train.seed, prompt_format=prompt_format)
     frac = cfg.warmstart.grounded_frac
     taught = ["grounded"] if frac == 1 else ["template"] if frac == 0 else ["grounded", "template"]
-    forced = {style: teacher_forced(model, tok, make_env, seeds, style, fmt) for style in taught}
+    forced = {style: teacher_forced(model, tok, make_env, seeds, style, prompt_format) for style in taught}
     template = make_env().template_think
     first_template = [bool(rs) and think_text(rs[0]) == template for rs in batch.responses]
     by_style = {}
@@ -129,7 +129,7 @@ def state_reading(make_env, seeds, responses) -> dict:
     return out
 
 
-def teacher_forced(model, tok, make_env, seeds, style: str, fmt) -> dict:
+def teacher_forced(model, tok, make_env, seeds, style: str, prompt_format) -> dict:
     """Greedy next-token accuracy on expert episodes of ``style``, per turn: the whole reply, and each
     answer move (every token of that move right, given the expert's prefix)."""
     import torch
@@ -139,7 +139,7 @@ def teacher_forced(model, tok, make_env, seeds, style: str, fmt) -> dict:
     whole, moves = [], {}
     for seed in seeds:
         ids, replies = [], []
-        for chunk, reply in expert_episode(make_env(), seed, style, fmt):
+        for chunk, reply in expert_episode(make_env(), seed, style, prompt_format):
             ids += tok.encode(chunk, add_special_tokens=False)
             enc = tok(reply, add_special_tokens=False, return_offsets_mapping=True)
             replies.append((len(ids), reply, enc["offset_mapping"]))

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ragen2_core.rollout.sampler import cache_kwarg
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 DEFAULT_TOKEN_BUDGET = 16384
 

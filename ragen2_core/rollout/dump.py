@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 VERSION = 1
 FIELDS = ("step", "group_id", "env_seed", "episode_reward", "success", "context", "reasoning",

@@ -13,7 +13,7 @@ import torch
 from ragen2_core.envs.base import TextEnv
 from ragen2_core.rollout.prompt import RAW, RawFormat, user_text
 from ragen2_core.rollout.sampler import KVSession, SamplingParams
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 
 def new_session(model, pad_id: int, p: SamplingParams) -> KVSession:
@@ -45,8 +45,8 @@ def single_token_id(tokenizer, text: str) -> int | None:
 @torch.no_grad()
 def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: list[int],
             dynamics_seeds: list[int], group_ids: list[int], sampling: SamplingParams,
-            generator: torch.Generator | None = None, fmt: RawFormat = RAW, session=None) -> RolloutBatch:
-    """Play len(env_seeds) episodes to the end, all in one batch; ``fmt`` renders the conversation
+            generator: torch.Generator | None = None, prompt_format: RawFormat = RAW, session=None) -> RolloutBatch:
+    """Play len(env_seeds) episodes to the end, all in one batch; ``prompt_format`` renders the conversation
     (rollout/prompt.py: raw text or a chat template). ``session`` generates the replies: by default
     a :class:`KVSession` on ``model``; anything with the same ``turn`` and ``keep`` (the vLLM
     backend, rollout/vllm_backend.py) plays the same episodes."""
@@ -57,7 +57,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     obs = [env.reset(s, dynamics_seed=d) for env, s, d in zip(envs, env_seeds, dynamics_seeds)]
     enc = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
     # A chat template's end-of-turn token also ends a reply; the template supplies it otherwise.
-    eot = single_token_id(tokenizer, fmt.end_of_turn) if fmt.end_of_turn else None
+    eot = single_token_id(tokenizer, prompt_format.end_of_turn) if prompt_format.end_of_turn else None
     stop = [t for t in (single_token_id(tokenizer, "</answer>"), tokenizer.eos_token_id, eot) if t is not None]
     device = next(model.parameters()).device
     stop_ids = torch.tensor(stop, dtype=torch.long, device=device)
@@ -76,7 +76,7 @@ def rollout(model, tokenizer, make_env: Callable[[], TextEnv], *, env_seeds: lis
     step_infos = [[] for _ in range(B)]
     episode_reward, n_valid = [0.0] * B, [0] * B
     n_turns, success, truncated = [0] * B, [False] * B, [False] * B
-    convs = [fmt.start(env.system_prompt(), user_text(1, o, env.actions_left, sampling.max_new_tokens))
+    convs = [prompt_format.start(env.system_prompt(), user_text(1, o, env.actions_left, sampling.max_new_tokens))
              for env, o in zip(envs, obs)]
     chunks = [enc(c.text) for c in convs]
     prompt_len = [len(c) for c in chunks]

@@ -14,7 +14,7 @@ from ragen2_core.envs.base import TextEnv
 from ragen2_core.rollout.episodes import rollout
 from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import RAW, RawFormat
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 
 def val_seeds(env_cfg) -> list[int]:
@@ -64,7 +64,7 @@ def batch_stats(batch: RolloutBatch, template: str | None = None) -> dict[str, f
 
 
 def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[int],
-             sampling: SamplingParams, seed: int = 0, chunk: int = 128, fmt: RawFormat = RAW
+             sampling: SamplingParams, seed: int = 0, chunk: int = 128, prompt_format: RawFormat = RAW
              ) -> tuple[dict, RolloutBatch]:
     """Play every seed once (dynamics seeded by the env seed, so the set is fixed); mean stats."""
     gen = torch.Generator().manual_seed(seed)
@@ -73,7 +73,7 @@ def evaluate(model, tokenizer, make_env: Callable[[], TextEnv], *, seeds: list[i
         s = seeds[i:i + chunk]
         parts.append(rollout(model, tokenizer, make_env, env_seeds=s, dynamics_seeds=s,
                              group_ids=list(range(i, i + len(s))), sampling=sampling, generator=gen,
-                             fmt=fmt))
+                             prompt_format=prompt_format))
     batch = RolloutBatch(**{k: [x for p in parts for x in getattr(p, k)] for k in parts[0].__dict__})
     return batch_stats(batch, make_env().template_think), batch
 

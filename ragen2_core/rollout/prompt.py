@@ -15,8 +15,8 @@ SkyRL tokenise multi-turn chats (render the history, take the delta). That is ex
 that only append; one that rewrites earlier turns (e.g. drops past reasoning) is refused, since no
 single token sequence could then be both generated from and trained on.
 
-    fmt = prompt_format(tok, "auto")             # the tokenizer's template, else raw text
-    conv = fmt.start(system, user_text(1, obs, 10, 96))     # the first piece: conv.text
+    prompt_format = load_prompt_format(tok, "auto")             # the tokenizer's template, else raw text
+    conv = prompt_format.start(system, user_text(1, obs, 10, 96))     # the first piece: conv.text
     conv.reply(reply_text)                       # what the model wrote after "<think>"
     piece = conv.follow(user_text(2, obs2, 9, 96, reward=0.0))
 """
@@ -40,10 +40,10 @@ def user_text(turn: int, observation: str, actions_left: int, max_new_tokens: in
 class Conversation:
     """One episode's messages; ``text`` is the first piece, ``follow`` returns each later one."""
 
-    def __init__(self, fmt, system: str, user: str):
-        self.fmt = fmt
+    def __init__(self, prompt_format, system: str, user: str):
+        self.prompt_format = prompt_format
         self.messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        self.text = fmt.first(self.messages)
+        self.text = prompt_format.first(self.messages)
 
     def reply(self, text: str) -> None:
         """Record the model's reply (its text after the ``<think>`` the piece ended with)."""
@@ -51,7 +51,7 @@ class Conversation:
 
     def follow(self, user: str) -> str:
         """The piece after the last reply up to the next one, which answers ``user``."""
-        piece = self.fmt.between(self.messages, user)
+        piece = self.prompt_format.between(self.messages, user)
         self.messages.append({"role": "user", "content": user})
         return piece
 
@@ -143,7 +143,7 @@ def read_template(setting: str) -> str | None:
     return path.read_text(encoding="utf-8")
 
 
-def prompt_format(tokenizer, setting: str = "auto") -> RawFormat:
+def load_prompt_format(tokenizer, setting: str = "auto") -> RawFormat:
     """The format for ``policy.chat_template``: ``auto`` = the tokenizer's own template when it has
     one, else raw text; ``none`` = raw text; a path = that jinja file."""
     if setting == "none":

@@ -179,8 +179,6 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
                            "the same trials. Restore the spec, or run it without --resume: a new instance.")
     else:
         spec.instance = new_instance(spec)
-    # Each trial's output folder lies inside its instance's folder.
-    trials = [make_trial(spec, t.arm, t.values, t.seed) for t in trials]
     exp_dir = spec.sweep_dir
     tune_state = resume is not None and tune.Tuner.can_restore(str(exp_dir))
 

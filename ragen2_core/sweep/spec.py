@@ -26,7 +26,8 @@ from typing import Any, Optional
 
 # The spec is built with the config's schema machinery (schema.py) and checks its keys against the
 # run config (schema_problem), so spec errors read exactly like config errors.
-from ragen2_core.config import FILTER_PRESETS, MAX_SEED, schema_problem
+from ragen2_core import presets
+from ragen2_core.config import MAX_SEED, schema_problem
 from ragen2_core.schema import ConfigError, build_section, opt
 from ragen2_core.yamlio import YamlInputError, key_lines, read_yaml_file
 
@@ -95,7 +96,7 @@ class SweepSpec:
     fixed: dict = opt({}, "overrides applied to every trial (dotted keys or nested sections)")
     axes: dict = opt({}, "dotted key -> list of values; the trials are their cartesian product")
     zip: list = opt([], "groups of keys varied together: [{key: [v1, v2], key2: [w1, w2]}]")
-    arms: dict = opt({}, "name -> overrides mapping, or a filter preset name (" + "|".join(FILTER_PRESETS) + ")")
+    arms: dict = opt({}, "name -> overrides mapping, or a filter preset name (" + presets.NAMES + ")")
     seeds: Any = opt(1, "list of train.seed values, or a count n meaning 0..n-1")
     search: SearchSpec = opt(SearchSpec, "how trials are chosen")
     scheduler: Optional[SchedulerSpec] = opt(None, "optional early-stopping scheduler (needs `metric`)")
@@ -224,9 +225,8 @@ def _parse_arms(raw, err: SpecErrors) -> dict[str, dict]:
             err.add(("arms", name), f"arm name {name!r} must be letters, digits, '_', '.', '-'; e.g. filter_on")
             continue
         if isinstance(body, str):
-            if body not in FILTER_PRESETS:
-                err.add(("arms", name), f"unknown preset {body!r}; use one of {'|'.join(FILTER_PRESETS)} "
-                                        "or a mapping of overrides")
+            if presets.problem(body):
+                err.add(("arms", name), f"{presets.problem(body)} or a mapping of overrides")
                 continue
             body = {"filter": body}
         if body is None:

@@ -8,6 +8,11 @@ so a restored sweep opens a second run for every resumed trial and leaves the fi
 a trial's run is found again by its `ragen2.trial_id` tag (Tune's own trial id changes when an
 errored trial is restarted), and the highest step already logged is kept in the run's
 `ragen2.last_step` tag, so steps a resumed trial re-reports are not logged twice.
+
+Who writes what: the tracker tags each child run with what only the sweep knows (role, sweep,
+instance, trial id, arm, group, output folder); everything the trainer logs of its own run (its
+params, its tags, config.yaml) it hands its `TuneSink`, which leaves it in the trial's sidecar
+folder, and the tracker copies it to the run as soon as it appears, the same as in `ragen2 train`.
 """
 from __future__ import annotations
 
@@ -20,13 +25,11 @@ from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
-from ragen2_core.config import config_hash, dump_yaml
-from ragen2_core.schema import flatten
 from ragen2_core.tracking.mlflow_sink import search_all_runs
 from ragen2_core.sweep.spec import SweepSpec
 from ragen2_core.sweep.trials import Trial, trial_config
 from ragen2_core.sweep.trainable import SIDECAR, resolve
-from ragen2_core.tracking import MlflowSink, git_sha, run_tags
+from ragen2_core.tracking import MlflowSink, git_sha
 
 PARENT = "mlflow.parentRunId"
 
@@ -45,6 +48,7 @@ class SweepTracker(Callback):
         self.open: dict[str, tuple[MlflowSink, Trial]] = {}  # Tune trial id -> its child run and trial
         self.run_ids: dict[str, str] = {}            # our trial id -> MLflow run id (saved with Tune's state)
         self.last_step: dict[str, int] = {}          # our trial id -> highest step logged
+        self.copied: dict[Path, int] = {}            # sidecar file -> mtime when last copied to its run
         self.sha = git_sha(Path(__file__).parent)
 
     # ------------------------------------------------------------------ child runs
@@ -60,15 +64,11 @@ class SweepTracker(Callback):
             sink = MlflowSink(tracking_uri=self.uri, run_id=old[0].info.run_id)
             self.last_step[t.trial_id] = int(old[0].data.tags.get("ragen2.last_step", 0))
         else:
-            cfg = trial_config(self.spec, t)
-            tags = run_tags(config_hash(cfg), t.seed, self.sha) | {
-                "ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.instance": self.spec.instance,
-                "ragen2.trial_id": t.trial_id,
-                "ragen2.arm": t.arm, "ragen2.group": t.group, "ragen2.output_dir": cfg.train.output_dir}
+            tags = {"ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.instance": self.spec.instance,
+                    "ragen2.trial_id": t.trial_id, "ragen2.arm": t.arm, "ragen2.group": t.group,
+                    "ragen2.output_dir": trial_config(self.spec, t).train.output_dir}
             sink = MlflowSink(tracking_uri=self.uri, experiment=self.spec.experiment, run_name=t.label,
                               parent_run_id=self.parent, tags=tags)
-            sink.log_params(flatten(cfg))
-            sink.log_text(dump_yaml(cfg), "config.yaml")
             self.last_step[t.trial_id] = 0
         self.run_ids[t.trial_id] = sink.run_id
         self.open[trial.trial_id] = (sink, t)
@@ -79,6 +79,7 @@ class SweepTracker(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         sink, t = self._open(trial)
+        self._copy_record(sink, self._out(t))
         tid, step = t.trial_id, result.get("step")
         if step is None or step <= self.last_step.get(tid, 0):
             return  # a resumed trial replays steps after its last checkpoint; they are already logged
@@ -91,8 +92,9 @@ class SweepTracker(Callback):
 
     def _finish(self, trial, status: str, error: Optional[str] = None) -> None:
         sink, t = self._open(trial)
-        out = Path(trial_config(self.spec, t).train.output_dir)
-        self._upload(sink, out)
+        out = self._out(t)
+        self._copy_record(sink, out)
+        self._upload_artifacts(sink, out)
         result = out / "result.json"
         reason = json.loads(result.read_text()).get("stop_reason", "completed") if result.exists() else \
             ("failed" if error else "stopped by the sweep (scheduler or stopper)")
@@ -102,18 +104,35 @@ class SweepTracker(Callback):
         sink.close(status)
         self.open.pop(trial.trial_id, None)
 
-    def _upload(self, sink: MlflowSink, out: Path) -> None:
-        """What the trainer handed its sink, from the trial's folder (on a cluster: shared storage)."""
+    def _out(self, t: Trial) -> Path:
+        return Path(trial_config(self.spec, t).train.output_dir)
+
+    def _copy_record(self, sink: MlflowSink, out: Path) -> None:
+        """The trainer's params, tags and texts, from the trial's folder (on a cluster: shared storage),
+        each file copied again only when it changed. Params are immutable in MLflow, and MlflowSink
+        skips those the run already holds, so a resumed sweep may copy them again."""
         side = out / SIDECAR
-        if (side / "tags.json").exists():
-            tags = json.loads((side / "tags.json").read_text())
-            # A worker whose copy of the code is no git checkout (a cluster's runtime_env) cannot tell
-            # its commit; the driver's, tagged when the run opened, is then the best record.
-            if tags.get("ragen2.git_sha") == "unknown":
-                del tags["ragen2.git_sha"]
-            sink.set_tags(tags)
-        if (side / "texts").is_dir():
-            sink.log_artifact(side / "texts")
+        for path in [side / "params.json", side / "tags.json", *sorted((side / "texts").rglob("*"))]:
+            if not path.is_file():
+                continue
+            stamp = path.stat().st_mtime_ns
+            if self.copied.get(path) == stamp:
+                continue
+            if path.name == "params.json":
+                sink.log_params(json.loads(path.read_text()))
+            elif path.name == "tags.json":
+                tags = json.loads(path.read_text())
+                # A worker whose copy of the code is no git checkout (a cluster's runtime_env) cannot
+                # tell its commit; the driver's is then the best record.
+                if tags.get("ragen2.git_sha") == "unknown" and self.sha:
+                    tags["ragen2.git_sha"] = self.sha
+                sink.set_tags(tags)
+            else:
+                sink.log_text(path.read_text(), str(path.relative_to(side / "texts")))
+            self.copied[path] = stamp
+
+    def _upload_artifacts(self, sink: MlflowSink, out: Path) -> None:
+        side = out / SIDECAR
         if (side / "artifacts.jsonl").exists():
             for line in (side / "artifacts.jsonl").read_text().splitlines():
                 item = json.loads(line)

@@ -61,12 +61,15 @@ class TuneSink(SinkContext):
         self.report(report)
 
     def log_params(self, params):
-        pass  # the driver logs the trial's full config when it opens the MLflow run
+        self._merge("params.json", params)
 
     def set_tags(self, tags):
-        path = self.dir / "tags.json"
+        self._merge("tags.json", tags)
+
+    def _merge(self, name: str, items: dict) -> None:
+        path = self.dir / name
         old = json.loads(path.read_text()) if path.exists() else {}
-        write_text_atomic(path, json.dumps(old | {k: str(v) for k, v in tags.items()}))
+        write_text_atomic(path, json.dumps(old | {k: str(v) for k, v in items.items()}))
 
     def log_text(self, text, artifact_file):
         path = self.dir / "texts" / artifact_file

@@ -10,7 +10,8 @@
         trial_config(spec, t)                      # exactly the config the trial trains with
 
 Overrides are applied in this order: whole-section presets (`filter: paper`), then fixed, the
-arm's fields, axes, zip, sampled values, seed; last the keys the sweep sets for each trial.
+arm's fields, axes, zip, sampled values, seed; last the keys the sweep sets for each trial
+(its output folder, <instance>/trials/<trial id>, is set by `trial_config`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 # read_yaml: config.py's own reader of a YAML file and its `base:` chain, for the spec hash.
+from ragen2_core import presets
 from ragen2_core.config import ConfigError, TrainConfig, load_config, read_yaml
 from ragen2_core.sweep.spec import OPERATIONAL, SpecError, SpecErrors, SweepSpec, key_sources, parse_spec
 
@@ -64,8 +66,18 @@ def _override(key: str, value) -> str:
 
 def trial_config(spec: SweepSpec, trial: Trial) -> TrainConfig:
     """The config ``trial`` trains with, resolved once per process (the driver, its tracker and
-    progress, and each trial's worker all read it from here); a copy, so no reader changes another's."""
-    return copy.deepcopy(_resolved(str(spec.base_path), tuple(trial.overrides)))
+    progress, and each trial's worker all read it from here); a copy, so no reader changes another's.
+
+    Its output folder is the one thing that depends on the instance, which is only known once the
+    spec has been validated; so it is set here, on the copy, and trials are expanded once."""
+    cfg = copy.deepcopy(_resolved(str(spec.base_path), tuple(trial.overrides)))
+    cfg.train.output_dir = str(trial_dir(spec, trial))
+    return cfg
+
+
+def trial_dir(spec: SweepSpec, trial: Trial) -> Path:
+    """<storage>/<name>/<instance>/trials/<trial id>: the trial's checkpoints, logs and config."""
+    return spec.sweep_dir / "trials" / trial.trial_id
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,11 +95,8 @@ def make_trial(spec: SweepSpec, arm: str, values: dict, seed: int) -> Trial:
     arm_over = spec.arms.get(arm, {})
     tid = trial_id(arm, arm_over, values, seed)
     ordered = list(spec.fixed.items()) + list(arm_over.items()) + list(values.items())
-    presets = [(k, v) for k, v in ordered if "." not in k]  # whole sections first: dotted keys refine them
-    rest = [(k, v) for k, v in ordered if "." in k]
-    own = [("train.seed", seed), ("train.output_dir", str(spec.sweep_dir / "trials" / tid)),
-           ("train.threads", spec.threads), ("train.resume", True)]
-    return Trial(tid, arm, seed, dict(values), [_override(k, v) for k, v in presets + rest + own])
+    own = [("train.seed", seed), ("train.threads", spec.threads), ("train.resume", True)]
+    return Trial(tid, arm, seed, dict(values), [_override(k, v) for k, v in presets.sections_first(ordered) + own])
 
 
 def _draws(space: dict[str, tuple[str, list]], n: int, seed: int) -> Iterator[dict]:

@@ -25,7 +25,7 @@ from ragen2_core.algo.losses import entropy_from_logits, logp_from_logits
 from ragen2_core.algo.objective import Objective, actor_terms
 from ragen2_core.metrics.gradients import decomposition_stats, spread_buckets
 from ragen2_core.train.shared_prefix import forward_window, micro_batch_order, window
-from ragen2_core.types import PreparedBatch
+from ragen2_core.batches import PreparedBatch
 
 
 def gradient_probe(model, prep: PreparedBatch, row_sets: list[torch.Tensor], *, objective: Objective, micro: int,

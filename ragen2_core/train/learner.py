@@ -4,7 +4,7 @@ ppo_epochs x mini_batches optimizer steps over it (`update`). What the loss is, 
 decision, is `algo/objective.py`'s; this file feeds it.
 
     obj = build_objective(cfg)
-    metrics = update(r, batch.select(kept_rows), row_weight[kept_rows], step, scale)
+    metrics = update(ctx, batch.select(kept_rows), row_weight[kept_rows], step, scale)
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from ragen2_core.algo.objective import Objective, actor_terms, rewards_with_kl
 from ragen2_core.config import SINGLE_TURN_ENVS
 from ragen2_core.train.scoring import score_tokens, score_values
 from ragen2_core.train.shared_prefix import RowPlan, forward_window, micro_batch_order, upload, window
-from ragen2_core.train.state import Run, step_rng
-from ragen2_core.types import PreparedBatch, RolloutBatch
+from ragen2_core.train.state import RunContext, step_rng
+from ragen2_core.batches import PreparedBatch, RolloutBatch
 
 
 def build_objective(cfg) -> Objective:
@@ -37,36 +37,36 @@ def build_objective(cfg) -> Objective:
                      scale_on=cfg.filter.loss_scale_on)
 
 
-def prepare(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy: bool) -> PreparedBatch:
+def prepare(ctx: RunContext, batch: RolloutBatch, row_weight: torch.Tensor, *, on_policy: bool) -> PreparedBatch:
     """Padded tensors, behaviour and reference log-probs, and advantages for a batch.
 
     With ``on_policy`` (one epoch, one mini-batch) the behaviour log-probs are not scored here: the
     update's own forward pass gives them, since the parameters do not move before its single step.
     """
-    algo, obj, actor = r.cfg.algo, r.objective, r.actor
+    algo, obj, actor = ctx.cfg.algo, ctx.objective, ctx.actor
     device = next(actor.module.parameters()).device
-    t = {k: v.to(device) for k, v in batch.padded(r.tok.pad_token_id).items()}
+    t = {k: v.to(device) for k, v in batch.padded(ctx.tok.pad_token_id).items()}
     mask = t["response_mask"][:, 1:]            # next-token positions that are reply tokens
     share = dict(prefix_len=torch.tensor(batch.prompt_len, device=device),
                  groups=torch.tensor(batch.group_ids, device=device)
-                 ) if r.cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
+                 ) if ctx.cfg.train.shared_prefix else dict(prefix_len=None, groups=None)
     old_logp = old_entropy = ref_logp = old_values = returns = None
     if not on_policy or obj.kl_in_reward:
-        old_logp, old_entropy = score_tokens(actor.module, t, r.micro, **share, logit_chunk=r.cfg.train.logit_chunk)
+        old_logp, old_entropy = score_tokens(actor.module, t, ctx.micro, **share, logit_chunk=ctx.cfg.train.logit_chunk)
     if obj.uses_reference:
-        ref_logp, _ = score_tokens(r.reference.module, t, r.micro, **share, logit_chunk=r.cfg.train.logit_chunk)
+        ref_logp, _ = score_tokens(ctx.reference.module, t, ctx.micro, **share, logit_chunk=ctx.cfg.train.logit_chunk)
     rewards = rewards_with_kl(obj, t["token_rewards"][:, 1:], old_logp, ref_logp, mask)
-    if r.critic is not None:
-        old_values = score_values(r.critic.module, t, r.micro, **share)
+    if ctx.critic is not None:
+        old_values = score_values(ctx.critic.module, t, ctx.micro, **share)
         advantages, returns = gae_advantages(rewards, old_values, mask, gamma=algo.gamma, lam=algo.lam)
     else:
         seq_adv = group_advantages(rewards.sum(-1), torch.tensor(batch.group_ids, device=device),
                                    norm_by_std=algo.advantage == "grpo")
         advantages = broadcast_to_tokens(seq_adv, mask)
-    if r.whiten:
+    if ctx.whiten:
         advantages = whiten(advantages, mask)
     advantages = advantages * row_weight.to(device)[:, None]   # soft reweighting (ones when off)
-    if r.cfg.filter.zero_task_advantage:
+    if ctx.cfg.filter.zero_task_advantage:
         advantages = torch.zeros_like(advantages)
     return PreparedBatch(input_ids=t["input_ids"], attention_mask=t["attention_mask"], mask=mask,
                          advantages=advantages, lengths=t["attention_mask"].sum(-1), old_logp=old_logp,
@@ -80,7 +80,7 @@ def read_floats(logs: dict[str, list]) -> dict[str, list[float]]:
     return {k: [next(read) if isinstance(x, torch.Tensor) else float(x) for x in v] for k, v in logs.items()}
 
 
-def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float,
+def update(ctx: RunContext, batch: RolloutBatch, row_weight: torch.Tensor, step: int, scale: float,
            weight: float = 1.0) -> dict[str, float]:
     """Advantages, then ppo_epochs x mini_batches optimizer steps over the kept rows; `scale` is the
     filter's loss scale (`algo/objective.py` decides what it multiplies). `weight` 0 takes part in
@@ -88,10 +88,10 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
 
     Nothing in the micro-batch loop waits for the device: the micro-batches are planned on the host
     from the batch's own lists, and the metrics stay tensors until one read at the end."""
-    algo, obj, actor, critic = r.cfg.algo, r.objective, r.actor, r.critic
+    algo, obj, actor, critic = ctx.cfg.algo, ctx.objective, ctx.actor, ctx.critic
     # ============================================================ advantage
     on_policy = algo.ppo_epochs == 1 and algo.mini_batches == 1
-    p = prepare(r, batch, row_weight, on_policy=on_policy)
+    p = prepare(ctx, batch, row_weight, on_policy=on_policy)
     mask, device = p.mask, p.input_ids.device
     cut = lambda x, rows, L: None if x is None else x[rows, :L - 1]  # noqa: E731
     lengths = np.array([len(ids) for ids in batch.token_ids])          # p.lengths, known on the host
@@ -111,12 +111,12 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
     # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
     train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
-        order = step_rng(r.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)
+        order = step_rng(ctx.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)
         for mb in np.array_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.
             mb = mb[micro_batch_order(lengths[mb], None if groups is None else groups[mb])]
-            for host_rows in np.array_split(mb, r.cfg.train.grad_accum):
+            for host_rows in np.array_split(mb, ctx.cfg.train.grad_accum):
                 # An empty micro-batch still takes part, with zero weight, so DeepSpeed's
                 # accumulation boundary stays aligned with the mini-batch.
                 mb_weight = weight if len(host_rows) else 0.0
@@ -127,7 +127,7 @@ def update(r: Run, batch: RolloutBatch, row_weight: torch.Tensor, step: int, sca
                 prefix = None if p.prefix_len is None else p.prefix_len[rows]
                 with torch.set_grad_enabled(train_actor):
                     logits, start = forward_window(actor.forward, ids, attn, prefix_len=prefix,
-                                                   logit_chunk=r.cfg.train.logit_chunk, plan=plan(host_rows))
+                                                   logit_chunk=ctx.cfg.train.logit_chunk, plan=plan(host_rows))
                     w = lambda x: None if x is None else window(x, start, logits.shape[1])  # noqa: E731
                     m = w(m_full)  # the actor's per-token tensors live in the logits' window
                     logp, entropy_tok = logp_entropy(logits, w(ids[:, 1:]))

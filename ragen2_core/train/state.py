@@ -1,7 +1,7 @@
-"""What every stage of a run reads (`Run`), the filter's outcome (`Selection`), and the run's
+"""What every stage of a run reads (`RunContext`), the filter's outcome (`Selection`), and the run's
 randomness, derived from (seed, step, purpose, rank) so a resumed run replays the same steps.
 
-    rng = step_rng(cfg.train.seed, step, stream=0, rank=r.rank)
+    rng = step_rng(cfg.train.seed, step, stream=0, rank=ctx.rank)
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Gene
 
 
 @dataclass
-class Run:
+class RunContext:
     """What every stage of a run reads: the config, the models and the running state."""
     cfg: object
     sink: object
@@ -43,7 +43,7 @@ class Run:
     eval_sampling: SamplingParams
     monitor: StopMonitor
     policy_path: str
-    fmt: object                 # raw text or the policy's chat template (rollout/prompt.py)
+    prompt_format: object       # raw text or the policy's chat template (rollout/prompt.py)
     vllm: object = None         # rollout.backend=vllm: the colocated engine
     # Running state that must survive a resume: the collapse EMAs and the cost counters.
     loop: dict = field(default_factory=lambda: {"collapse_ema": None, "cum_rollout_tokens": 0, "cum_wall_s": 0.0})

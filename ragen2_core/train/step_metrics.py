@@ -9,8 +9,8 @@ import torch
 
 from ragen2_core.algo.filter import group_reward_stats, zero_spread
 from ragen2_core.rollout.evaluate import batch_stats
-from ragen2_core.train.state import Run
-from ragen2_core.types import RolloutBatch
+from ragen2_core.train.state import RunContext
+from ragen2_core.batches import RolloutBatch
 
 
 def rollout_metrics(batch: RolloutBatch, group_rewards: torch.Tensor, rollout_tokens: int, env) -> dict[str, float]:
@@ -25,18 +25,18 @@ def rollout_metrics(batch: RolloutBatch, group_rewards: torch.Tensor, rollout_to
     } | {f"rollout/{k}": v for k, v in env.batch_metrics([i for infos in batch.step_infos for i in infos]).items()}
 
 
-def cost_metrics(r: Run, batch: RolloutBatch, kept_rows: list[int], metrics: dict) -> dict:
+def cost_metrics(ctx: RunContext, batch: RolloutBatch, kept_rows: list[int], metrics: dict) -> dict:
     """`cost/*`: tokens rolled out and kept, wall time per update, running sums (in the loop state)."""
     rollout_tokens = metrics["cost/rollout_tokens"]
     kept_tokens = sum(sum(batch.response_mask[b]) for b in kept_rows)
     wall_s = metrics["time/rollout_s"] + metrics["time/update_s"]
-    r.loop["cum_rollout_tokens"] += rollout_tokens
-    r.loop["cum_wall_s"] += wall_s
+    ctx.loop["cum_rollout_tokens"] += rollout_tokens
+    ctx.loop["cum_wall_s"] += wall_s
     return {"cost/rollout_tokens": rollout_tokens, "cost/kept_tokens": kept_tokens,
             "cost/tokens_per_kept_sample": rollout_tokens / len(kept_rows) if kept_rows else float("nan"),
             "cost/wasted_rollout_frac": 1.0 - kept_tokens / max(rollout_tokens, 1),
             "cost/wall_s_per_update": wall_s,
-            "cost/cum_rollout_tokens": r.loop["cum_rollout_tokens"], "cost/cum_wall_s": r.loop["cum_wall_s"]}
+            "cost/cum_rollout_tokens": ctx.loop["cum_rollout_tokens"], "cost/cum_wall_s": ctx.loop["cum_wall_s"]}
 
 
 def sample_text(batch: RolloutBatch, tok, k: int) -> str:

@@ -3,7 +3,7 @@
 Each step: rollout -> diagnostics (MI proxy) -> filter (SNR hook) -> gradient probe -> learn
 (advantage, loss, optimizer steps: learner.py) -> metrics (step_metrics.py) -> eval -> stops ->
 checkpoint, one call per stage. The actor's objective (loss terms, coefficients, where KL goes) is
-decided once, in `algo/objective.py`; what a stage reads is `state.Run`. Everything random is
+decided once, in `algo/objective.py`; what a stage reads is `state.RunContext`. Everything random is
 derived from ``(train.seed, step)``, so a resumed run replays exactly the steps an uninterrupted one
 would, given the model, optimizer and loop state in the checkpoint.
 
@@ -32,7 +32,7 @@ from ragen2_core.rollout.cross_score import score_batch
 from ragen2_core.rollout.dump import dump_rollouts
 from ragen2_core.rollout.episodes import rollout
 from ragen2_core.rollout.evaluate import evaluate, val_seeds
-from ragen2_core.rollout.prompt import prompt_format
+from ragen2_core.rollout.prompt import load_prompt_format
 from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.schema import flatten
 from ragen2_core.train import checkpoint
@@ -41,18 +41,19 @@ from ragen2_core.train.engine import TrainEngine, agree, init_distributed, refer
 from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.learner import build_objective, prepare, update
 from ragen2_core.train.scoring import logp_mismatch
-from ragen2_core.train.state import Run, Selection, step_rng
+from ragen2_core.train.state import RunContext, Selection, step_rng
 from ragen2_core.train.step_metrics import cost_metrics, rollout_metrics, sample_text
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import git_sha, run_tags
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 
 def run(cfg, sink) -> dict:
     # ================================================================ setup
-    r = setup(cfg, sink)
-    start_step = resume_or_start(r)
-    r.vllm = start_vllm(r)
+    record_run(cfg, sink)
+    ctx = setup(cfg, sink)
+    start_step = resume_or_start(ctx)
+    ctx.vllm = start_vllm(ctx)
     last_eval: dict = {}
     metrics: dict = {}
     stop_reason = "completed"
@@ -60,58 +61,58 @@ def run(cfg, sink) -> dict:
     for step in range(start_step, cfg.train.steps):
         t_step = time.perf_counter()
         # ============================================================ rollout
-        batch, group_rewards, metrics = rollout_step(r, step)
+        batch, group_rewards, metrics = rollout_step(ctx, step)
         reason = None  # set by an early stop
 
         # ============================================================ diagnostics: MI proxy
-        if due(cfg.collapse.every, step, first=True) and r.rank == 0:
-            mi, reason = diagnose_collapse(r, step, batch)
+        if due(cfg.collapse.every, step, first=True) and ctx.rank == 0:
+            mi, reason = diagnose_collapse(ctx, step, batch)
             metrics |= mi
 
         # ============================================================ filter (SNR hook)
         t0 = time.perf_counter()
-        sel, filter_metrics, kept_anywhere = filter_groups(r, step, batch, group_rewards)
+        sel, filter_metrics, kept_anywhere = filter_groups(ctx, step, batch, group_rewards)
         metrics |= filter_metrics
-        reason = r.monitor.after_step(kept_groups=kept_anywhere,
+        reason = ctx.monitor.after_step(kept_groups=kept_anywhere,
                                       group_reward_std=metrics["rollout/group_reward_std"]) or reason
-        metrics["filter/empty_streak"] = r.monitor.empty_streak
+        metrics["filter/empty_streak"] = ctx.monitor.empty_streak
 
         # ============================================================ diagnostics: gradient probe
         if due(cfg.grad_probe.every, step, first=True):
-            metrics |= probe_gradients(r, batch, group_rewards, sel)
+            metrics |= probe_gradients(ctx, batch, group_rewards, sel)
             t0 += metrics["time/grad_probe_s"]  # keep the probe out of the update's cost
 
         # ============================================================ advantage / loss / step
-        metrics |= learn(r, step, batch, sel, kept_anywhere)
+        metrics |= learn(ctx, step, batch, sel, kept_anywhere)
         metrics["time/update_s"] = time.perf_counter() - t0
 
         # ============================================================ metrics: cost
-        metrics |= cost_metrics(r, batch, sel.kept_rows, metrics)
+        metrics |= cost_metrics(ctx, batch, sel.kept_rows, metrics)
 
         # ============================================================ eval
-        if r.rank == 0 and (due(cfg.train.eval_every, step) or (cfg.train.eval_every and step + 1 == cfg.train.steps)):
-            last_eval, eval_metrics = validate(r, step)
+        if ctx.rank == 0 and (due(cfg.train.eval_every, step) or (cfg.train.eval_every and step + 1 == cfg.train.steps)):
+            last_eval, eval_metrics = validate(ctx, step)
             metrics |= eval_metrics
-            reason = reason or r.monitor.after_eval(success=last_eval["eval/success"])
+            reason = reason or ctx.monitor.after_eval(success=last_eval["eval/success"])
         metrics["time/step_s"] = time.perf_counter() - t_step
         sink.log_metrics(metrics, step=step + 1)
 
         # ============================================================ stops
         # An early-stopped run is finished: no checkpoint is written for its last step, so a resume
         # does not train on past the point where it failed.
-        reason = agree(reason, r.world)
+        reason = agree(reason, ctx.world)
 
         # ============================================================ checkpoint
         if due(cfg.train.checkpoint_every, step) and not reason:
-            checkpoint.save(r.out_dir, step, r.actor, r.critic, keep=cfg.train.keep_checkpoints, rank=r.rank,
-                            extra={"loop": r.loop, "stops": r.monitor.state_dict()})
+            checkpoint.save(ctx.out_dir, step, ctx.actor, ctx.critic, keep=cfg.train.keep_checkpoints, rank=ctx.rank,
+                            extra={"loop": ctx.loop, "stops": ctx.monitor.state_dict()})
         if reason:
             stop_reason = reason
             print(f"[train] early stop at step {step + 1}: {reason}", flush=True)
             break
 
     # ================================================================ export
-    return export(r, step, stop_reason, metrics, last_eval)
+    return export(ctx, step, stop_reason, metrics, last_eval)
 
 
 def due(every: int, step: int, *, first: bool = False) -> bool:
@@ -121,7 +122,7 @@ def due(every: int, step: int, *, first: bool = False) -> bool:
     return bool(every) and (step % every == 0 if first else (step + 1) % every == 0)
 
 
-def setup(cfg, sink) -> Run:
+def setup(cfg, sink) -> RunContext:
     """Threads, seeds, process group, policy, reference, critic and engines."""
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -153,94 +154,101 @@ def setup(cfg, sink) -> Run:
         greedy=True, max_new_tokens=rcfg.max_new_tokens, max_context_tokens=rcfg.max_context_tokens,
         compile=rcfg.compile)
     whiten_adv = algo.whiten_advantages if algo.whiten_advantages is not None else algo.advantage == "gae"
-    r = Run(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
-            reference=reference, tok=tok, make_env=make_env, env=make_env(),
-            objective=objective, whiten=whiten_adv, micro=micro, sampling=sampling, eval_sampling=eval_sampling,
-            monitor=StopMonitor(cfg.stops), policy_path=str(policy_path),
-            fmt=prompt_format(tok, cfg.policy.chat_template))
-    return r
+    return RunContext(cfg=cfg, sink=sink, rank=rank, world=world, out_dir=out_dir, actor=actor, critic=critic,
+                      reference=reference, tok=tok, make_env=make_env, env=make_env(), objective=objective,
+                      whiten=whiten_adv, micro=micro, sampling=sampling, eval_sampling=eval_sampling,
+                      monitor=StopMonitor(cfg.stops), policy_path=str(policy_path),
+                      prompt_format=load_prompt_format(tok, cfg.policy.chat_template))
 
 
-def resume_or_start(r: Run) -> int:
-    """The first step to run: after the newest checkpoint on resume, else 0 (logging params and tags)."""
-    cfg = r.cfg
+def resume_or_start(ctx: RunContext) -> int:
+    """The first step to run: after the newest checkpoint on resume, else 0 (tagging the policy loaded)."""
+    cfg = ctx.cfg
     start_step = 0
     if cfg.train.resume:
-        found = checkpoint.latest(r.out_dir)
+        found = checkpoint.latest(ctx.out_dir)
         if found is not None:
-            state = checkpoint.load(found, r.actor, r.critic)
+            state = checkpoint.load(found, ctx.actor, ctx.critic)
             start_step = state["step"] + 1
-            r.loop |= {k: v for k, v in state.get("loop", {}).items() if k in r.loop}
-            r.monitor.load_state_dict(state.get("stops", {}))
+            ctx.loop |= {k: v for k, v in state.get("loop", {}).items() if k in ctx.loop}
+            ctx.monitor.load_state_dict(state.get("stops", {}))
             print(f"[train] resumed from {found} at step {start_step}", flush=True)
     if start_step == 0:
-        r.sink.log_params(flatten(cfg))
-        r.sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha(Path(__file__).parent)) | {"ragen2.policy": r.policy_path})
-        r.sink.log_text(dump_yaml(cfg), "config.yaml")
+        ctx.sink.set_tags({"ragen2.policy": ctx.policy_path})
     return start_step
 
 
-def start_vllm(r: Run):
+def record_run(cfg, sink) -> None:
+    """The run's params, reproducibility tags and resolved config, logged before anything can fail,
+    so a run that fails in setup still says what it was (a resumed run logged them when it began)."""
+    if cfg.train.resume and checkpoint.latest(Path(cfg.train.output_dir)) is not None:
+        return
+    sink.log_params(flatten(cfg))
+    sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha(Path(__file__).parent)))
+    sink.log_text(dump_yaml(cfg), "config.yaml")
+
+
+def start_vllm(ctx: RunContext):
     """rollout.backend=vllm: a colocated engine, given the (possibly resumed) weights now and after each update."""
-    if r.cfg.rollout.backend != "vllm":
+    if ctx.cfg.rollout.backend != "vllm":
         return None
     from ragen2_core.rollout.vllm_backend import VLLMEngine
-    return VLLMEngine(r.actor.module, dtype=r.cfg.policy.dtype, max_context_tokens=r.cfg.rollout.max_context_tokens,
-                      memory_gb=r.cfg.rollout.vllm_memory_gb, seed=r.cfg.train.seed)
+    return VLLMEngine(ctx.actor.module, dtype=ctx.cfg.policy.dtype, max_context_tokens=ctx.cfg.rollout.max_context_tokens,
+                      memory_gb=ctx.cfg.rollout.vllm_memory_gb, seed=ctx.cfg.train.seed)
 
 
-def rollout_step(r: Run, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
+def rollout_step(ctx: RunContext, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     """Sample the step's groups; returns the batch, its [G, S] float64 episode rewards and `rollout/*`."""
-    rcfg, seed = r.cfg.rollout, r.cfg.train.seed
-    rng = step_rng(seed, step, 0, r.rank)
-    group_seeds = rng.integers(0, r.cfg.env.val_seed_start, rcfg.n_groups).tolist()
+    rcfg, seed = ctx.cfg.rollout, ctx.cfg.train.seed
+    rng = step_rng(seed, step, 0, ctx.rank)
+    group_seeds = rng.integers(0, ctx.cfg.env.val_seed_start, rcfg.n_groups).tolist()
     env_seeds = [s for s in group_seeds for _ in range(rcfg.group_size)]
     dyn_seeds = rng.integers(0, 2**31 - 1, len(env_seeds)).tolist()
     group_ids = [g for g in range(rcfg.n_groups) for _ in range(rcfg.group_size)]
     gen = torch.Generator().manual_seed(int(rng.integers(0, 2**62)))
     t0 = time.perf_counter()
-    batch = rollout(r.actor.module, r.tok, r.make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
-                    group_ids=group_ids, sampling=r.sampling, generator=gen, fmt=r.fmt,
-                    session=r.vllm.session(len(env_seeds)) if r.vllm else None)
+    batch = rollout(ctx.actor.module, ctx.tok, ctx.make_env, env_seeds=env_seeds, dynamics_seeds=dyn_seeds,
+                    group_ids=group_ids, sampling=ctx.sampling, generator=gen, prompt_format=ctx.prompt_format,
+                    session=ctx.vllm.session(len(env_seeds)) if ctx.vllm else None)
     rollout_s = time.perf_counter() - t0
     # float64: the spread statistics and the zero-spread test see the rewards as the env gave them.
     group_rewards = torch.tensor(batch.episode_reward, dtype=torch.float64).view(rcfg.n_groups, rcfg.group_size)
     rollout_tokens = sum(map(sum, batch.response_mask))
-    metrics = rollout_metrics(batch, group_rewards, rollout_tokens, r.env)
+    metrics = rollout_metrics(batch, group_rewards, rollout_tokens, ctx.env)
     metrics |= {"time/rollout_s": rollout_s, "perf/tokens_per_s": rollout_tokens / max(rollout_s, 1e-9),
                 "cost/rollout_tokens": rollout_tokens}
-    if r.vllm:
-        metrics |= logp_mismatch(r.actor.module, batch, pad_id=r.tok.pad_token_id, micro=r.micro)
+    if ctx.vllm:
+        metrics |= logp_mismatch(ctx.actor.module, batch, pad_id=ctx.tok.pad_token_id, micro=ctx.micro)
     return batch, group_rewards, metrics
 
 
-def diagnose_collapse(r: Run, step: int, batch: RolloutBatch) -> tuple[dict, str | None]:
+def diagnose_collapse(ctx: RunContext, step: int, batch: RolloutBatch) -> tuple[dict, str | None]:
     """`collapse/*` from cross-scoring the batch's first-turn reasonings, and the alert's stop reason."""
-    cfg, ccfg, seed = r.cfg, r.cfg.collapse, r.cfg.train.seed
+    cfg, ccfg, seed = ctx.cfg, ctx.cfg.collapse, ctx.cfg.train.seed
     t0 = time.perf_counter()
     scores, lengths, rows_used = score_batch(
-        r.actor.module, batch, n_prompts=ccfg.n_prompts, k_samples=ccfg.k_samples,
-        rng=step_rng(seed, step, 2, r.rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
+        ctx.actor.module, batch, n_prompts=ccfg.n_prompts, k_samples=ccfg.k_samples,
+        rng=step_rng(seed, step, 2, ctx.rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
     mi = collapse_metrics(scores, lengths=lengths, n_perm=ccfg.n_perm, seed=seed * 100_003 + step,
-                          ema=r.loop["collapse_ema"], ema_decay=ccfg.ema_decay)
-    r.loop["collapse_ema"] = ema_state(mi)
+                          ema=ctx.loop["collapse_ema"], ema_decay=ccfg.ema_decay)
+    ctx.loop["collapse_ema"] = ema_state(mi)
     watched = mi[cfg.stops.mi_alert_metric]
-    alert, stop = r.monitor.after_mi(zscore_ema=watched)
+    alert, stop = ctx.monitor.after_mi(zscore_ema=watched)
     if alert:
         print(f"[train] template-collapse alert at step {step + 1}: collapse/{cfg.stops.mi_alert_metric} "
               f"{watched:.2f} < {cfg.stops.mi_alert_zscore}", flush=True)
     if ccfg.dump_rollouts:
-        dump_rollouts(batch.select(rows_used), r.tok, r.out_dir / "rollouts.jsonl", step=step + 1)
+        dump_rollouts(batch.select(rows_used), ctx.tok, ctx.out_dir / "rollouts.jsonl", step=step + 1)
     out = {f"collapse/{k}": v for k, v in mi.items()} | {
         "collapse/alert": float(alert), "collapse/n_prompts": scores.shape[0], "collapse/k_samples": scores.shape[1],
         "time/collapse_s": time.perf_counter() - t0}
     return out, stop
 
 
-def filter_groups(r: Run, step: int, batch: RolloutBatch, group_rewards: torch.Tensor) -> tuple[Selection, dict, int]:
+def filter_groups(ctx: RunContext, step: int, batch: RolloutBatch, group_rewards: torch.Tensor) -> tuple[Selection, dict, int]:
     """The SNR filter at this step's scheduled value, `filter/*`, and the groups kept over all ranks."""
-    fcfg, sched = r.cfg.filter, r.cfg.filter.schedule
-    value = filter_value(step, total_steps=r.cfg.train.steps, kind=sched.kind, start=fcfg.value, end=sched.end,
+    fcfg, sched = ctx.cfg.filter, ctx.cfg.filter.schedule
+    value = filter_value(step, total_steps=ctx.cfg.train.steps, kind=sched.kind, start=fcfg.value, end=sched.end,
                          warmup_steps=sched.warmup_steps)
     keep = select_groups(group_rewards, strategy=fcfg.strategy, value=value, mode=fcfg.mode,
                          statistic=fcfg.statistic, include_zero=fcfg.include_zero)
@@ -253,7 +261,7 @@ def filter_groups(r: Run, step: int, batch: RolloutBatch, group_rewards: torch.T
     sel = Selection(keep=keep, kept_rows=kept_rows, scale=loss_scale_factor(kept_ratio, mode=fcfg.loss_scale),
                     row_weight=row_weight)
     dropped = spread[~keep]  # what the filter removed: NaN on a step that kept every group
-    kept_anywhere = total_over_ranks(int(keep.sum()), r.world)
+    kept_anywhere = total_over_ranks(int(keep.sum()), ctx.world)
     return sel, {"filter/kept_ratio": kept_ratio, "filter/kept_groups": int(keep.sum()),
                  "filter/zero_std_groups": int(zero_spread(group_rewards).sum()),
                  "filter/kept_group_reward_std": float(spread[keep].mean()) if keep.any() else 0.0,
@@ -262,52 +270,52 @@ def filter_groups(r: Run, step: int, batch: RolloutBatch, group_rewards: torch.T
                  "filter/value": value}, kept_anywhere
 
 
-def probe_gradients(r: Run, batch: RolloutBatch, group_rewards: torch.Tensor, sel: Selection) -> dict:
+def probe_gradients(ctx: RunContext, batch: RolloutBatch, group_rewards: torch.Tensor, sel: Selection) -> dict:
     """Task / KL / entropy gradient components on the whole batch at the current parameters."""
     t0 = time.perf_counter()
-    prep = prepare(r, batch, sel.row_weight, on_policy=True)
+    prep = prepare(ctx, batch, sel.row_weight, on_policy=True)
     spread = group_reward_stats(group_rewards, statistic="std")
-    out = probe_batch(r.actor.module, prep, batch.group_ids, spread, objective=r.objective,
-                      buckets=r.cfg.grad_probe.buckets, micro=r.micro, scale=sel.scale)
+    out = probe_batch(ctx.actor.module, prep, batch.group_ids, spread, objective=ctx.objective,
+                      buckets=ctx.cfg.grad_probe.buckets, micro=ctx.micro, scale=sel.scale)
     return out | {"time/grad_probe_s": time.perf_counter() - t0}
 
 
-def learn(r: Run, step: int, batch: RolloutBatch, sel: Selection, kept_anywhere: int) -> dict:
+def learn(ctx: RunContext, step: int, batch: RolloutBatch, sel: Selection, kept_anywhere: int) -> dict:
     """The update on the kept rows (learner.py), then the vLLM engine's weights. An empty selection
     skips the update (the stop monitor counts the streak). Under data parallelism a rank whose filter
     kept nothing still joins the others' gradient all-reduce, with one group at zero weight, so no
     rank waits forever."""
     metrics: dict = {}
     if sel.kept_rows:
-        metrics = update(r, batch.select(sel.kept_rows), sel.row_weight[sel.kept_rows], step, sel.scale)
+        metrics = update(ctx, batch.select(sel.kept_rows), sel.row_weight[sel.kept_rows], step, sel.scale)
     elif kept_anywhere:
         stand_in = [b for b, g in enumerate(batch.group_ids) if g == batch.group_ids[0]]
-        update(r, batch.select(stand_in), sel.row_weight[stand_in], step, sel.scale, weight=0.0)
-    if r.vllm and kept_anywhere:
-        r.vllm.sync(r.actor.module)
+        update(ctx, batch.select(stand_in), sel.row_weight[stand_in], step, sel.scale, weight=0.0)
+    if ctx.vllm and kept_anywhere:
+        ctx.vllm.sync(ctx.actor.module)
     return metrics
 
 
-def validate(r: Run, step: int) -> tuple[dict, dict]:
+def validate(ctx: RunContext, step: int) -> tuple[dict, dict]:
     """`eval/*` on the fixed validation seeds (rank 0); logs three sample episodes as text."""
     t0 = time.perf_counter()
-    stats, eval_batch = evaluate(r.actor.module, r.tok, r.make_env, seeds=val_seeds(r.cfg.env),
-                                 sampling=r.eval_sampling, seed=r.cfg.train.seed, fmt=r.fmt)
+    stats, eval_batch = evaluate(ctx.actor.module, ctx.tok, ctx.make_env, seeds=val_seeds(ctx.cfg.env),
+                                 sampling=ctx.eval_sampling, seed=ctx.cfg.train.seed, prompt_format=ctx.prompt_format)
     last_eval = {f"eval/{k}": v for k, v in stats.items()}
-    r.sink.log_text(sample_text(eval_batch, r.tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
+    ctx.sink.log_text(sample_text(eval_batch, ctx.tok, k=3), f"samples/eval_step{step + 1:06d}.txt")
     return last_eval, last_eval | {"time/eval_s": time.perf_counter() - t0}
 
 
-def export(r: Run, step: int, stop_reason: str, metrics: dict, last_eval: dict) -> dict:
+def export(ctx: RunContext, step: int, stop_reason: str, metrics: dict, last_eval: dict) -> dict:
     """Save the final policy, tag the stop reason, write result.json atomically."""
-    export_dir = r.out_dir / "policy"
-    checkpoint.export_policy(r.actor, r.tok, export_dir, rank=r.rank)
-    r.sink.log_artifact(export_dir, "policy")
-    r.sink.set_tags({"ragen2.stop_reason": stop_reason})
-    result = {"steps": r.cfg.train.steps, "steps_done": step + 1, "stop_reason": stop_reason,
+    export_dir = ctx.out_dir / "policy"
+    checkpoint.export_policy(ctx.actor, ctx.tok, export_dir, rank=ctx.rank)
+    ctx.sink.log_artifact(export_dir, "policy")
+    ctx.sink.set_tags({"ragen2.stop_reason": stop_reason})
+    result = {"steps": ctx.cfg.train.steps, "steps_done": step + 1, "stop_reason": stop_reason,
               "policy_dir": str(export_dir), **metrics, **last_eval}
-    if r.rank == 0:
-        checkpoint.write_json_atomic(r.out_dir / "result.json", result)
+    if ctx.rank == 0:
+        checkpoint.write_json_atomic(ctx.out_dir / "result.json", result)
     return result
 
 

@@ -19,7 +19,7 @@ from ragen2_core.policy import gguf
 from ragen2_core.policy.model import load_pretrained
 from ragen2_core.rollout.episodes import rollout
 from ragen2_core.rollout.sampler import SamplingParams
-from ragen2_core.rollout.prompt import ChatFormat, prompt_format
+from ragen2_core.rollout.prompt import ChatFormat, load_prompt_format
 from ragen2_core.tracking import MemorySink
 
 NAME = "smollm2-135m-instruct"
@@ -54,19 +54,19 @@ def test_converted_once_into_an_ordinary_hf_folder(smol, cache):
     assert sum(p.numel() for p in model.parameters()) == 134_515_008
     stamp = os.stat(f"{folder}/{gguf.MARKER}").st_mtime_ns
     assert gguf.resolve_model(NAME, cache) == folder and os.stat(f"{folder}/{gguf.MARKER}").st_mtime_ns == stamp
-    fmt = prompt_format(tok, "auto")
-    assert isinstance(fmt, ChatFormat) and fmt.end_of_turn == "<|im_end|>" and tok.eos_token == "<|im_end|>"
-    conv = fmt.start("SYS", "USER")
+    prompt_format = load_prompt_format(tok, "auto")
+    assert isinstance(prompt_format, ChatFormat) and prompt_format.end_of_turn == "<|im_end|>" and tok.eos_token == "<|im_end|>"
+    conv = prompt_format.start("SYS", "USER")
     assert conv.text == "<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nUSER<|im_end|>\n<|im_start|>assistant\n<think>"
 
 
 def test_rollout_ids_are_the_ids_trained_on_across_turns(smol, check_rollout_ids):
     _, model, tok = smol
-    fmt = prompt_format(tok, "auto")
+    prompt_format = load_prompt_format(tok, "auto")
     env = lambda: make_env("frozenlake", slip=0.0, max_turns=3)  # noqa: E731
     batch = rollout(model, tok, env, env_seeds=[1, 2], dynamics_seeds=[1, 2], group_ids=[0, 1],
-                    sampling=SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0), fmt=fmt)
-    replies = check_rollout_ids(batch, tok, fmt)
+                    sampling=SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0), prompt_format=prompt_format)
+    replies = check_rollout_ids(batch, tok, prompt_format)
     assert sum(len(r) for r in replies) >= 2 * 2  # several turns were played and checked
 
 
@@ -88,4 +88,4 @@ def test_two_grpo_steps_with_lora_mi_export_and_reload(tmp_path, cache):
     assert not any("lora_" in n for n, _ in exported.named_parameters())
     q = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(dict(exported.named_parameters())[q], dict(base.named_parameters())[q])
-    assert prompt_format(tok, "auto").end_of_turn == "<|im_end|>"
+    assert load_prompt_format(tok, "auto").end_of_turn == "<|im_end|>"

@@ -12,7 +12,7 @@ from ragen2_core.policy.tokenizer import train_tokenizer
 from ragen2_core.policy.warmstart import expert_episode
 from ragen2_core.envs.registry import make_env
 from ragen2_core.rollout.dump import load_rollouts
-from ragen2_core.rollout.prompt import ChatFormat, prompt_format, template_markers
+from ragen2_core.rollout.prompt import ChatFormat, load_prompt_format, template_markers
 from ragen2_core.tracking import MemorySink
 from ragen2_core.train.trainer import run
 from tiny import cfg_for
@@ -34,13 +34,13 @@ def test_embedded_policy_trains_in_chatml_and_mi_renders_the_same(tmp_path, cach
     assert all(k in sink.metrics[-1][1] for k in ("actor/pg_loss", "collapse/mi_zscore", "eval/success"))
     # The exported policy carries its template, so `auto` renders it the same way later.
     model, tok = load_pretrained(result["policy_dir"])
-    fmt = prompt_format(tok, "auto")
-    assert isinstance(fmt, ChatFormat) and fmt.end_of_turn == "<|im_end|>"
+    prompt_format = load_prompt_format(tok, "auto")
+    assert isinstance(prompt_format, ChatFormat) and prompt_format.end_of_turn == "<|im_end|>"
     eps = load_rollouts(tmp_path / "rollouts.jsonl")
     for e in eps:
         assert e["context"].startswith("<|im_start|>system\n") and e["context"].endswith("assistant\n<think>")
         # `ragen2 mi` re-renders the prompt from the stored messages: the very ids the run scored.
-        assert tok.encode(fmt.start(e["system"], e["user"]).text, add_special_tokens=False) == e["context_ids"]
+        assert tok.encode(prompt_format.start(e["system"], e["user"]).text, add_special_tokens=False) == e["context_ids"]
     capsys.readouterr()
     for flag in ([], ["--ids"]):
         assert mi_offline.main(["--rollouts", str(tmp_path / "rollouts.jsonl"), "--model", result["policy_dir"],

@@ -9,7 +9,7 @@ import yaml
 from ragen2_core.config import load_config
 from ragen2_core.sweep.driver import dry_run
 from ragen2_core.sweep.spec import SpecError, read_spec
-from ragen2_core.sweep.trials import expand, load_spec, spec_hash
+from ragen2_core.sweep.trials import expand, load_spec, spec_hash, trial_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "sweeps" / "base" / "frozenlake_tiny.yaml"
@@ -39,11 +39,14 @@ def test_axes_zip_arms_seeds_expand_to_their_product(tmp_path):
     assert all((t.values["env.slip"], t.values["train.steps"]) in [(0.0, 10), (0.2, 20)] for t in trials)
     assert len({t.trial_id for t in trials}) == len(trials)
     paper = next(t for t in trials if t.arm == "paper" and t.values["algo.kl_coef"] == 0.1 and t.seed == 1)
-    cfg = load_config(spec.base_path, paper.overrides)
+    cfg = trial_config(spec, paper)
     # the preset is applied first and the arm's dotted key refines it
     assert (cfg.filter.mode, cfg.filter.value, cfg.algo.kl_coef, cfg.train.seed) == ("softmax", 0.8, 0.1, 1)
-    assert cfg.train.output_dir == str(tmp_path / "runs" / "t" / "trials" / paper.trial_id)
     assert cfg.train.resume and cfg.train.threads == 1
+    # the output folder follows the instance, chosen after expansion: the same trials serve both
+    assert cfg.train.output_dir == str(tmp_path / "runs" / "t" / "trials" / paper.trial_id)
+    spec.instance = "2026-01-01_00-00-00"
+    assert trial_config(spec, paper).train.output_dir == str(tmp_path / "runs" / "t" / spec.instance / "trials" / paper.trial_id)
 
 
 def test_trial_ids_are_stable_and_ignore_unrelated_changes(tmp_path):

@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from ragen2_core.atomic import write_text_atomic
 from ragen2_core.cli import main as cli
@@ -208,9 +207,10 @@ def test_without_bubblewrap_the_code_env_refuses_and_says_how_to_install(tmp_pat
     from ragen2_core.envs import sandbox
     from ragen2_core.envs.code import CodeEnv
     from ragen2_core.envs.math import MathEnv
+    from ragen2_core.envs.sandbox import host
 
-    sandbox._host()  # probed for real first; then only bwrap goes missing
-    monkeypatch.setitem(sandbox._HOST, "bwrap", "")
+    host.host_probe()  # probed for real first; then only bwrap goes missing
+    monkeypatch.setitem(host._HOST, "bwrap", "")
     monkeypatch.setattr(sandbox, "_PROBLEM", [])
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     with pytest.raises(sandbox.SandboxUnavailable, match="apt-get install -y bubblewrap"):

@@ -16,7 +16,7 @@ from ragen2_core.rollout.cross_score import first_turn_reasonings
 from ragen2_core.rollout.episodes import rollout
 from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.rollout.prompt import (RAW, ChatFormat, TemplateError, first_chunk, next_chunk,
-                                        prompt_format, template_markers, user_text)
+                                        load_prompt_format, template_markers, user_text)
 
 CHATML = "ragen2_core/policy/templates/chatml.jinja"
 
@@ -69,19 +69,19 @@ def test_config_shape_is_qwen25():
 
 def test_auto_none_and_path(chat_policy):
     _, tok = chat_policy
-    assert prompt_format(tok, "none") is RAW
-    fmt = prompt_format(tok, "auto")
-    assert isinstance(fmt, ChatFormat) and fmt.end_of_turn == "<|im_end|>"
-    assert isinstance(prompt_format(tok, CHATML), ChatFormat)
+    assert load_prompt_format(tok, "none") is RAW
+    prompt_format = load_prompt_format(tok, "auto")
+    assert isinstance(prompt_format, ChatFormat) and prompt_format.end_of_turn == "<|im_end|>"
+    assert isinstance(load_prompt_format(tok, CHATML), ChatFormat)
     tok_without = train_tokenizer(["a b c"], vocab_size=280)
-    assert prompt_format(tok_without, "auto") is RAW       # the embedded tokenizer has no template
+    assert load_prompt_format(tok_without, "auto") is RAW       # the embedded tokenizer has no template
     with pytest.raises(FileNotFoundError, match="chat_template"):
-        prompt_format(tok, "no/such/template.jinja")
+        load_prompt_format(tok, "no/such/template.jinja")
 
 
 def test_first_piece_is_template_header_and_think(chat_policy):
     _, tok = chat_policy
-    conv = prompt_format(tok, "auto").start("SYS", "USER")
+    conv = load_prompt_format(tok, "auto").start("SYS", "USER")
     assert conv.text == ("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nUSER<|im_end|>\n"
                          "<|im_start|>assistant\n<think>")
     conv.reply("r</think><answer>Up</answer>")
@@ -98,13 +98,13 @@ def test_pieces_equal_whole_rendering_for_canonical_replies(chat_policy, loaded)
         tok = train_tokenizer(["Turn State Reward " * 20], vocab_size=300,
                               specials=template_markers(open(CHATML).read()))
         tok.chat_template = open(CHATML).read()
-    fmt = prompt_format(tok, "auto")
+    prompt_format = load_prompt_format(tok, "auto")
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
     env = fl()
     multi = 0
     for seed in range(12):
         obs = env.reset(seed)
-        conv = fmt.start(env.system_prompt(), user_text(1, obs, env.actions_left, 96))
+        conv = prompt_format.start(env.system_prompt(), user_text(1, obs, env.actions_left, 96))
         ids, turn = enc(conv.text), 1
         while True:
             e = env.expert_turn("grounded")
@@ -127,12 +127,12 @@ def test_rollout_ids_are_the_pieces_and_the_sampled_replies(chat_policy, check_r
     Re-rendering the whole conversation would then tokenise them differently; we keep the ids as
     sampled, and everything between the replies is exactly the template's pieces."""
     model, tok = chat_policy
-    fmt = prompt_format(tok, "auto")
+    prompt_format = load_prompt_format(tok, "auto")
     enc = lambda t: tok.encode(t, add_special_tokens=False)  # noqa: E731
     batch = rollout(model, tok, fl, env_seeds=[1, 1, 2, 2, 3, 3], dynamics_seeds=list(range(6)),
                     group_ids=[0, 0, 1, 1, 2, 2], sampling=SamplingParams(max_new_tokens=10),
-                    generator=torch.Generator().manual_seed(0), fmt=fmt)
-    replies = check_rollout_ids(batch, tok, fmt)
+                    generator=torch.Generator().manual_seed(0), prompt_format=prompt_format)
+    replies = check_rollout_ids(batch, tok, prompt_format)
     rewritten = 0
     for b, row in enumerate(replies):
         canonical = [enc(tok.decode(r, skip_special_tokens=False)) == r for r in row]
@@ -146,7 +146,7 @@ def test_mi_context_is_everything_before_the_first_reasoning(chat_policy):
     model, tok = chat_policy
     batch = rollout(model, tok, fl, env_seeds=[5, 6], dynamics_seeds=[5, 6], group_ids=[0, 1],
                     sampling=SamplingParams(max_new_tokens=8), generator=torch.Generator().manual_seed(1),
-                    fmt=prompt_format(tok, "auto"))
+                    prompt_format=load_prompt_format(tok, "auto"))
     contexts, _ = first_turn_reasonings(batch, [0, 1])
     for c in contexts:
         text = tok.decode(c)

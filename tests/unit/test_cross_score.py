@@ -19,7 +19,7 @@ from ragen2_core.rollout.cross_score import (_micro_batches, cross_score, cross_
                                              first_turn_reasonings, score_batch)
 from ragen2_core.rollout.dump import dump_rollouts, load_rollouts
 from ragen2_core.rollout.prompt import first_chunk, next_chunk
-from ragen2_core.types import RolloutBatch
+from ragen2_core.batches import RolloutBatch
 
 COLLAPSE_KEYS = {"mi", "mi_per_token", "mi_upper_bound", "mi_zscore", "mi_zscore_seq", "marginal_std",
                  "marginal_std_seq", "mi_perm_zscore", "mi_perm_zscore_per_token",

@@ -42,12 +42,12 @@ def cfg_for(base, tmp_path, *extra):
 
 def test_each_reply_is_trained_to_end_with_end_of_turn(base):
     _, tok = load_pretrained(base)
-    fmt = ChatFormat(tok, tok.chat_template)
-    eot = single_token_id(tok, fmt.end_of_turn)
-    assert fmt.end_of_turn == "<|im_end|>" and eot is not None
+    prompt_format = ChatFormat(tok, tok.chat_template)
+    eot = single_token_id(tok, prompt_format.end_of_turn)
+    assert prompt_format.end_of_turn == "<|im_end|>" and eot is not None
     env = make_env("frozenlake", slip=0.0, max_turns=4)
     seed = next(s for s in range(100) if len(expert_episode(env, s, "grounded")) >= 2)
-    episode = expert_episode(env, seed, "grounded", fmt)
+    episode = expert_episode(env, seed, "grounded", prompt_format)
     (ids, mask), = tokenize_traces([episode], tok, eot=eot)
     # Every trained span is one reply and ends with <|im_end|>; nothing else is trained.
     spans, start = [], None
@@ -144,7 +144,7 @@ def test_preflight_names_a_missing_gguf(tmp_path):
 def test_traces_render_in_the_model_template(base):
     _, tok = load_pretrained(base)
     cfg = load_config(None, ["warmstart.envs=[frozenlake]"])
-    (first, _), *_ = expert_traces(cfg.warmstart, cfg.env, 1, seed_base=0, fmt=ChatFormat(tok, tok.chat_template))[0]
+    (first, _), *_ = expert_traces(cfg.warmstart, cfg.env, 1, seed_base=0, prompt_format=ChatFormat(tok, tok.chat_template))[0]
     assert first.startswith("<|im_start|>system\n") and first.endswith("<|im_start|>assistant\n<think>")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2] / "ragen2_core"
 # Lowest first; a room may import rooms of its own layer or below.
 LAYERS = [
-    {"atomic", "yamlio", "types", "schema"},
+    {"atomic", "yamlio", "batches", "schema", "presets"},
     {"config"},
     {"algo", "metrics"},
     {"envs"},
@@ -125,3 +125,19 @@ def test_checker_finds_a_circle_and_an_upward_import(tmp_path):
     assert cycles(g) == [["ragen2_core.rollout.backend", "ragen2_core.train.trainer"]]
     assert upward_imports(g) == ["ragen2_core.rollout.backend (rollout, layer 4) imports "
                                  "ragen2_core.train.trainer (train, layer 7)"]
+
+
+def test_the_sandbox_supervisor_imports_the_standard_library_only():
+    """It runs as root beside the sandbox, started as `python -I -S` on its own file: it must stand
+    alone, and nothing of the package may widen what runs there."""
+    import sys
+
+    tree = ast.parse((ROOT / "envs" / "sandbox" / "supervisor.py").read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"relative import at line {node.lineno}"
+            names.add(node.module.split(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+    assert names and names <= set(sys.stdlib_module_names), sorted(names - set(sys.stdlib_module_names))

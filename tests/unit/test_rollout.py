@@ -109,7 +109,7 @@ def test_context_limit_truncates(policy):
 
 def test_batch_stats_counts_template_turns_and_splits_success_by_first_style():
     from ragen2_core.rollout.evaluate import batch_stats
-    from ragen2_core.types import RolloutBatch
+    from ragen2_core.batches import RolloutBatch
     T = "Let me think."
     responses = [[f"<think>{T}</think><answer>Up</answer>", "<think>At (0, 1): Up</think><answer>Up</answer>"],
                  [f"<think> {T} </think><answer>Up</answer>"],

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ragen2_core.envs import sandbox
+from ragen2_core.envs.sandbox import host
 from ragen2_core.envs.sandbox import Limits, Test, run_tests, stdout_matches, values_match
 
 # Tests marked with the `sandbox` fixture fail loudly, with the reason, where programs cannot be sandboxed.
@@ -111,7 +112,7 @@ def test_the_check_reads_the_hosts_core_pattern(tmp_path, monkeypatch):
     assert sandbox.read_core_pattern() == Path("/proc/sys/kernel/core_pattern").read_text().strip()
     fake = tmp_path / "core_pattern"
     fake.write_text("@/run/coredump.socket\n")
-    monkeypatch.setattr(sandbox, "CORE_PATTERN", str(fake))
+    monkeypatch.setattr(host, "CORE_PATTERN", str(fake))
     monkeypatch.delenv(sandbox.ALLOW_CORE_SOCKET, raising=False)
     assert "'@/run/coredump.socket'" in sandbox.core_pattern_problem()
 
@@ -122,7 +123,7 @@ def test_the_code_env_refuses_a_core_dump_socket(tmp_path, monkeypatch):
 
     fake = tmp_path / "core_pattern"
     fake.write_text("@/run/coredump.socket\n")
-    monkeypatch.setattr(sandbox, "CORE_PATTERN", str(fake))
+    monkeypatch.setattr(host, "CORE_PATTERN", str(fake))
     monkeypatch.setattr(sandbox, "_PROBLEM", [])
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.delenv(sandbox.ALLOW_CORE_SOCKET, raising=False)
@@ -143,7 +144,7 @@ def test_a_crash_never_reaches_a_pipe_core_dump_helper(tmp_path):
     log, helper = tmp_path / "log", tmp_path / "helper.sh"
     helper.write_text(f"#!/bin/sh\necho \"$1 $(wc -c)\" >> {log}\n")
     helper.chmod(0o755)
-    pattern = Path(sandbox.CORE_PATTERN)
+    pattern = Path(host.CORE_PATTERN)
     old = pattern.read_text()
     crash = "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)"
     reexec = ("import os, sys\nos.execv(sys.executable, [sys.executable, '-c', "

@@ -1,4 +1,4 @@
-"""Typed containers passed between stages."""
+"""The batches passed between stages: a rollout (`RolloutBatch`) and what the loss reads (`PreparedBatch`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
