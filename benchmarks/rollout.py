@@ -25,7 +25,7 @@ A real model, in its own chat template (the HF drivers render the episodes as th
         --set warmstart.pretrained=false --episodes 16 --skip-naive
 
 ``--vllm`` adds the vLLM backend on the same model, episodes and episode loop (run it in the vLLM
-environment, ``bash scripts/setup_vllm.sh``; it warms up on 4 episodes first, and its start-up is
+environment, ``bash scripts/setup_vllm.sh --real-model``; it warms up on 4 episodes first, and its start-up is
 reported apart), with ``vllm_ratio`` = vLLM tokens/s / ours (goal >= 2):
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/rollout.py --config sweeps/base/smollm2_frozenlake.yaml \
@@ -220,6 +220,7 @@ def main() -> None:
         # Older revisions call the format `fmt`, and the oldest take none (raw text only).
         params = inspect.signature(play).parameters
         form = {k: prompt_format for k in ("prompt_format", "fmt") if k in params}
+        n = min(n, len(seeds))
         if session is not None:
             form["session"] = session(n)
         b = play(model, tok, make_env, env_seeds=seeds[:n], dynamics_seeds=seeds[:n], group_ids=seeds[:n],
@@ -248,10 +249,11 @@ def main() -> None:
         extra["compile_s"] = round(timed(lambda: ours(True))[0], 1)   # compiles the decode step
         ways["compiled"] = lambda: ours(True)
     if args.vllm:
+        from ragen2_core.policy.lora import plain_weights
         from ragen2_core.rollout.vllm_backend import VLLMEngine
         t0 = time.perf_counter()
         engine = VLLMEngine(model, dtype="float32", max_context_tokens=cfg.rollout.max_context_tokens,
-                            memory_gb=args.vllm_memory_gb, seed=0)
+                            memory_gb=args.vllm_memory_gb, seed=0, weights=plain_weights)
         extra["vllm_startup_s"] = round(time.perf_counter() - t0, 1)
         ours(session=engine.session, n=4)  # warm-up: first-call costs stay out of the timing
         ways["vllm"] = lambda: ours(session=engine.session)

@@ -105,6 +105,13 @@ def merged_state_dict(model: torch.nn.Module, state: dict[str, torch.Tensor]) ->
     return out
 
 
+def plain_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's current weights under the plain architecture's names: merged when it has
+    adapters, its state dict otherwise (what an engine that knows no LoRA, e.g. vLLM, loads)."""
+    state = model.state_dict()
+    return merged_state_dict(model, state) if has_adapters(model) else state
+
+
 def save_adapter(model: torch.nn.Module, state: dict[str, torch.Tensor], directory: str | Path) -> None:
     """The adapters alone in peft's format (adapter_model.safetensors + adapter_config.json), taken
     from `state` (e.g. the optimizer's float32 masters), loadable by ``PeftModel.from_pretrained``."""

@@ -58,7 +58,12 @@ class VLLMSession:
 
 
 class VLLMEngine:
-    def __init__(self, model, *, dtype: str, max_context_tokens: int, memory_gb: float, seed: int):
+    def __init__(self, model, *, dtype: str, max_context_tokens: int, memory_gb: float, seed: int,
+                 weights=None):
+        """``weights(model)``: the model's weights under the plain architecture's names, which is all
+        vLLM knows; default its state dict. A LoRA policy passes `policy.lora.plain_weights`, whose
+        adapted layers come out merged (vLLM has no name for `base_layer` or `lora_A`)."""
+        self.weights = weights or (lambda m: m.state_dict())
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # colocated: the trainer's process
         from vllm import LLM
         cpu = not torch.cuda.is_available()
@@ -68,7 +73,7 @@ class VLLMEngine:
         # vLLM loads from a directory; the current weights go through a temporary one (a hub name
         # is never resolved, nothing is downloaded). Ids in, ids out: it needs no tokenizer.
         with tempfile.TemporaryDirectory(prefix="ragen2-vllm-") as d:
-            model.save_pretrained(d)
+            model.save_pretrained(d, state_dict=self.weights(model))
             self.llm = LLM(model=d, skip_tokenizer_init=True, dtype=dtype, seed=seed,
                            max_model_len=max_context_tokens, enable_prefix_caching=True,
                            kv_cache_memory_bytes=int(memory_gb * 2**30),
@@ -100,6 +105,6 @@ class VLLMEngine:
     @torch.no_grad()
     def sync(self, model) -> None:
         """Load the training model's current weights into the engine, without a restart."""
-        weights = [(name, t.detach()) for name, t in model.state_dict().items()]
+        weights = [(name, t.detach()) for name, t in self.weights(model).items()]
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=weights, is_checkpoint_format=True))
         self.llm.reset_prefix_cache()  # cached blocks hold the old weights' keys and values

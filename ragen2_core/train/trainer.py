@@ -192,9 +192,10 @@ def start_vllm(ctx: RunContext):
     """rollout.backend=vllm: a colocated engine, given the (possibly resumed) weights now and after each update."""
     if ctx.cfg.rollout.backend != "vllm":
         return None
+    from ragen2_core.policy.lora import plain_weights
     from ragen2_core.rollout.vllm_backend import VLLMEngine
     return VLLMEngine(ctx.actor.module, dtype=ctx.cfg.policy.dtype, max_context_tokens=ctx.cfg.rollout.max_context_tokens,
-                      memory_gb=ctx.cfg.rollout.vllm_memory_gb, seed=ctx.cfg.train.seed)
+                      memory_gb=ctx.cfg.rollout.vllm_memory_gb, seed=ctx.cfg.train.seed, weights=plain_weights)
 
 
 def rollout_step(ctx: RunContext, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
