@@ -9,6 +9,8 @@ with ``ratio`` = our tokens/s / TRL tokens/s (goal 1.5). TRL is a benchmark-only
     python benchmarks/step_vs_trl.py [--steps 4] [--threads 2]
     python benchmarks/step_vs_trl.py --model smollm2-135m-instruct --lora-r 16 --groups 4 --group-size 4
 
+TRL runs without gradient checkpointing, as ours does (GRPOConfig turns it on by default, which
+recomputes the forward in the backward); ``--trl-checkpointing`` restores TRL's default.
 ``--model`` takes any ``policy.model`` (an HF folder, a .gguf, smollm2-135m-instruct): both sides then
 prompt in its chat template and stop at its end-of-turn token; ``--lora-r`` trains LoRA adapters on
 both sides (ours: ``policy.lora``; TRL: a peft ``LoraConfig`` on the same modules).
@@ -62,8 +64,11 @@ def ours(steps: int, threads: int, out: str, *, path: str | None = None, groups:
 
 
 def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: int = GROUPS,
-        group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, cuda: bool = False, lora_r: int = 0) -> dict:
-    """TRL's GRPOTrainer on `path` (default: the embedded policy); `cuda` trains in bf16 on the GPU."""
+        group_size: int = GROUP_SIZE, max_new: int = MAX_NEW, cuda: bool = False, lora_r: int = 0,
+        checkpointing: bool = False) -> dict:
+    """TRL's GRPOTrainer on `path` (default: the embedded policy); `cuda` trains in bf16 on the GPU.
+    `checkpointing`: TRL's default gradient checkpointing (GRPOConfig turns it on; our trainer does
+    not checkpoint, so off is the same work)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -106,7 +111,7 @@ def trl(steps: int, threads: int, out: str, *, path: str | None = None, groups: 
                       num_generations=group_size, max_completion_length=max_new, temperature=1.0,
                       top_k=0, learning_rate=5e-5, max_steps=steps + 1, logging_steps=1, use_cpu=not cuda, bf16=cuda,
                       report_to=[], save_strategy="no", beta=0.0, dataloader_num_workers=0,
-                      shuffle_dataset=False,
+                      shuffle_dataset=False, gradient_checkpointing=checkpointing,
                       # stop where our engine stops, so both generate the same kind of replies
                       generation_kwargs={"eos_token_id": stop})
     clock = Clock()
@@ -132,6 +137,8 @@ def main() -> None:
     ap.add_argument("--lora-r", type=int, default=0, help="LoRA rank on both sides (0: full fine-tuning)")
     ap.add_argument("--groups", type=int, default=GROUPS)
     ap.add_argument("--group-size", type=int, default=GROUP_SIZE)
+    ap.add_argument("--trl-checkpointing", action="store_true",
+                    help="TRL with its default gradient checkpointing (recomputes the forward in the backward)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     path = resolve_model(a.model) if a.model else None
@@ -140,11 +147,13 @@ def main() -> None:
             f"policy.lora.target_modules={LORA_TARGETS}") if a.lora_r else ()
     with tempfile.TemporaryDirectory() as d:
         mine = ours(a.steps, a.threads, f"{d}/ours", path=path, extra=lora, **shape)
-        theirs = trl(a.steps, a.threads, f"{d}/trl", path=path, lora_r=a.lora_r, **shape)
+        theirs = trl(a.steps, a.threads, f"{d}/trl", path=path, lora_r=a.lora_r, checkpointing=a.trl_checkpointing,
+                     **shape)
     for name, r in (("ours", mine), ("trl", theirs)):
         print(f"{name:>5}: {r['seconds']:6.2f} s  {r['tokens']:8.0f} tokens  {r['tokens_per_s']:8.1f} tok/s")
     print(json.dumps({"name": "step_vs_trl", "ratio": round(mine["tokens_per_s"] / theirs["tokens_per_s"], 2),
                       "goal": 1.5, "steps": a.steps, "model": a.model or "embedded", "lora_r": a.lora_r,
+                      "trl_gradient_checkpointing": a.trl_checkpointing,
                       **shape, "ours": mine, "trl": theirs}))
 
 

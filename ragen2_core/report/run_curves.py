@@ -19,6 +19,7 @@ from ragen2_core.tracking.sinks import JsonlSink
 Curve = tuple[list[int], list[float]]
 DEFAULT = ["rollout/success", "eval/success", "rollout/format_valid", "rollout/shared_think_frac",
            "rollout/template_frac", "collapse/mi", "actor/entropy", "rollout/frac_zero_std_groups"]
+SHARES = ("success", "frac", "valid", "ratio")  # metrics in [0, 1], drawn on the whole of it
 
 
 def read_curves(path: str | Path) -> dict[str, Curve]:
@@ -50,6 +51,8 @@ def plot(curves: dict[str, Curve], metrics: list[str], out: str | Path, title: s
         steps, values = curves[metric]
         few = sum(not math.isnan(v) for v in values) <= 5  # sparse readings (eval): mark each point
         ax.plot(steps, values, marker="o" if few else None, markersize=4, linewidth=1.2)
+        if any(word in metric for word in SHARES):
+            ax.set_ylim(-0.03, 1.03)  # a share reads against its whole range, not its own wiggle
         ax.set_title(metric, fontsize=9)
         ax.set_xlabel("step", fontsize=8)
         ax.tick_params(labelsize=7)
