@@ -1,5 +1,5 @@
 """Named whole-section presets: `filter: paper` in a config file, `--set filter=nofilter` on the command
-line, `arms: {base: nofilter}` in a sweep spec. Every reader of a preset goes through this module.
+line, `arms: {nofilter: nofilter}` in a sweep spec. Every reader of a preset goes through this module.
 
     from ragen2_core import presets
 
@@ -23,12 +23,13 @@ SECTIONS = {"filter": FILTER}
 NAMES = "|".join(FILTER)
 
 
-def problem(name) -> str | None:
-    """Why `name` is not a filter preset (None when it is one), with the closest name as a hint."""
-    if name in FILTER:
+def problem(name, section: str = "filter") -> str | None:
+    """Why `name` is not a preset of `section` (None when it is one), with the closest name as a hint."""
+    table = SECTIONS[section]
+    if name in table:
         return None
-    hint = difflib.get_close_matches(str(name), list(FILTER), n=1)
-    return f"unknown preset {name!r}; use one of {NAMES}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+    hint = difflib.get_close_matches(str(name), list(table), n=1)
+    return f"unknown preset {name!r}; use one of {'|'.join(table)}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
 
 
 def expand(data: dict) -> list[str]:
@@ -41,7 +42,7 @@ def expand(data: dict) -> list[str]:
         if name in table:
             data[section] = dict(table[name])
         else:
-            errors.append(f"{section}: {problem(name)} or a mapping of {section} fields")
+            errors.append(f"{section}: {problem(name, section)} or a mapping of {section} fields")
     return errors
 
 

@@ -127,7 +127,7 @@ def table_pages(result: dict) -> list[Figure]:
         part = cells[start:start + ROWS_PER_PAGE]
         fig = page("Main table: final values per arm and condition" + (" (continued)" if start else ""),
                    f"success = {SUCCESS} (fraction of validation episodes); n seeds = trials with a final value, "
-               "of those planned (failed / running / not started named)")
+                   "of those planned (failed / running / not started named)")
         ax = fig.add_axes([0.04, 0.2, 0.92, 0.66])
         table(ax, header, part, {i - start for i in bold if start <= i < start + ROWS_PER_PAGE}, size=6.8)
         block(fig, 0.04, 0.15, legend, size=8, width=190)

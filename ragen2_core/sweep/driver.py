@@ -29,7 +29,7 @@ from pathlib import Path
 from ragen2_core.atomic import write_text_atomic
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
-from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, make_trial, preview_spec, spec_hash,
+from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, preview_spec, spec_hash,
                                       sweep_preflight, too_many, trial_config)
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130

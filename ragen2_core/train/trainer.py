@@ -74,7 +74,7 @@ def run(cfg, sink) -> dict:
         sel, filter_metrics, kept_anywhere = filter_groups(ctx, step, batch, group_rewards)
         metrics |= filter_metrics
         reason = ctx.monitor.after_step(kept_groups=kept_anywhere,
-                                      group_reward_std=metrics["rollout/group_reward_std"]) or reason
+                                        group_reward_std=metrics["rollout/group_reward_std"]) or reason
         metrics["filter/empty_streak"] = ctx.monitor.empty_streak
 
         # ============================================================ diagnostics: gradient probe
