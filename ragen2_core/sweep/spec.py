@@ -345,8 +345,11 @@ def parse_spec(path: Path) -> tuple[SweepSpec, SpecErrors]:
         spec = build_section(SweepSpec, {k: v for k, v in data.items() if k not in bad}, "", [])
         if not isinstance(spec, SweepSpec):
             spec = SweepSpec()
-    # Absolute now: trials resolve `base` from Ray workers, whose working directory is not ours.
+    # Absolute now: Ray workers, whose working directory is not ours (Tune moves each into a folder of
+    # its own), resolve `base` and the trial's output folder under `storage`; a relative storage
+    # there put a resumed trial's checkpoints in Ray's folder, so it trained again from step 0.
     spec.path, spec.text = Path(path).resolve(), text
+    spec.storage = str(Path(spec.storage).resolve())
     if not isinstance(data.get("name", ""), str) or not _NAME.match(spec.name or ""):
         err.add(("name",), f"{spec.name!r} is not a usable sweep name; use letters, digits, '_', '.', '-', "
                            "e.g. name: kl_vs_filter")

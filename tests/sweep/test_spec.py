@@ -166,3 +166,18 @@ def test_relative_spec_path_still_finds_its_base_from_another_directory(tmp_path
     monkeypatch.chdir(tmp_path)
     assert spec.base_path == repo / "sweeps" / "base" / "frozenlake_tiny.yaml"
     load_config(spec.base_path, trials[0].overrides)
+
+
+def test_storage_is_made_absolute_where_the_spec_is_read(tmp_path, monkeypatch):
+    # Tune runs each trial in a folder of its own: a relative storage resolved there put a resumed
+    # trial's checkpoints in Ray's folder, so it trained again from step 0.
+    import pickle
+    monkeypatch.chdir(tmp_path)
+    spec, trials = load_spec(write(tmp_path, {"storage": "runs/sweeps", "seeds": 1}))
+    spec.instance = "2026-01-01_00-00-00"
+    expected = str(tmp_path / "runs" / "sweeps" / "t" / spec.instance / "trials" / trials[0].trial_id)
+    worker_dir = tmp_path / "elsewhere"
+    worker_dir.mkdir()
+    monkeypatch.chdir(worker_dir)
+    spec2, trial2 = pickle.loads(pickle.dumps((spec, trials[0])))  # as the worker receives them
+    assert trial_config(spec2, trial2).train.output_dir == expected

@@ -177,7 +177,8 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
     steps = 150
     # two at a time: c and d wait for a free worker
     arms = {"a": {}, "b": {"algo.kl_coef": 0.01}, "c": {"algo.kl_coef": 0.02}, "d": {"algo.kl_coef": 0.03}}
-    spec = write_spec(tmp_path, "killed", cache, arms=arms,
+    # storage relative to the cwd, as users write it: Tune runs each trial in a folder of its own
+    spec = write_spec(tmp_path, "killed", cache, arms=arms, storage="runs",
                       fixed={"train": {"eval_every": 10, "steps": steps, "checkpoint_every": 5}})
     env = os.environ | {"DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(RUN + [str(spec), "--progress-every", "2"], cwd=tmp_path, env=env,
@@ -213,6 +214,11 @@ def test_kill_9_then_resume_logs_every_step_once(tmp_path, cache):
         assert run.info.status == "FINISHED"
         history = [m.step for m in client.get_metric_history(run.info.run_id, "rollout/success")]
         assert sorted(history) == list(range(1, steps + 1))
+        # each trial went on from its own checkpoints, in its own folder: a trial trained again from
+        # step 0 elsewhere would still log every step once, but spliced from two runs
+        assert run.data.tags["ragen2.stop_reason"] == "completed"
+        out = Path(run.data.tags["ragen2.output_dir"])
+        assert out.is_relative_to(sweep_root) and (out / "result.json").is_file()
 
 
 @pytest.mark.slow
