@@ -61,14 +61,31 @@ def run_cfg(out, cache, backend, sink):
     return run(cfg_for(out, cache, "train.steps=3", f"rollout.backend={backend}", "algo.actor_lr=1e-2", *SHAPE), sink)
 
 
-def test_engine_gets_new_weights_without_restart(tmp_path):
+def tiny_model_and_text():
     from ragen2_core.policy.model import build_tiny_qwen2
     from ragen2_core.policy.tokenizer import train_tokenizer
-    from ragen2_core.rollout.sampler import SamplingParams
-    from ragen2_core.rollout.vllm_backend import VLLMEngine
     tok = train_tokenizer(["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
     model = build_tiny_qwen2(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=128, seed=0).eval()
+    return model, tok.encode("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)
+
+
+def logp_gap(engine, prompt):
+    """gap(model): the largest difference between the engine's log-probs of 6 sampled tokens and
+    `model`'s own on the same tokens (near 0 when the engine holds the model's weights)."""
+    from ragen2_core.rollout.sampler import SamplingParams
+
+    def gap(m):
+        (toks, lps), = engine.generate([prompt], SamplingParams(max_new_tokens=6), stop=[], seeds=[3])
+        with torch.no_grad():
+            logp = torch.log_softmax(m(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1].float(), -1)
+        return (logp.gather(-1, torch.tensor(toks)[:, None]).squeeze(-1) - torch.tensor(lps)).abs().max().item()
+    return gap
+
+
+def test_engine_gets_new_weights_without_restart(tmp_path):
+    from ragen2_core.rollout.vllm_backend import VLLMEngine
+    model, prompt = tiny_model_and_text()
     threads = torch.get_num_threads()
     engine = VLLMEngine(model, dtype="float32", max_context_tokens=512, memory_gb=0.25, seed=0)
     # vLLM's CPU worker makes torch.set_num_threads a no-op process-wide; the engine gives it back.
@@ -76,15 +93,8 @@ def test_engine_gets_new_weights_without_restart(tmp_path):
     torch.set_num_threads(1)
     assert torch.get_num_threads() == 1
     torch.set_num_threads(threads)
-    prompt = tok.encode("the quick brown fox jumps over the lazy dog " * 8, add_special_tokens=False)
     assert len(prompt) > 64  # two full 32-token blocks: the prefix cache holds them after a first call
-    p = SamplingParams(max_new_tokens=6)
-
-    def gap(m):
-        (toks, lps), = engine.generate([prompt], p, stop=[], seeds=[3])
-        with torch.no_grad():
-            logp = torch.log_softmax(m(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1].float(), -1)
-        return (logp.gather(-1, torch.tensor(toks)[:, None]).squeeze(-1) - torch.tensor(lps)).abs().max().item()
+    gap = logp_gap(engine, prompt)
 
     assert gap(model) < 1e-4
     old = {k: v.clone() for k, v in model.state_dict().items()}
@@ -102,27 +112,15 @@ def test_a_lora_policy_reaches_the_engine_merged_and_its_updates_too(tmp_path):
     """vLLM knows no `base_layer` or `lora_A`: the engine gets W + (alpha / r) B A under the plain
     names, at start and at every sync."""
     from ragen2_core.policy.lora import apply_lora, plain_weights
-    from ragen2_core.policy.model import build_tiny_qwen2
-    from ragen2_core.policy.tokenizer import train_tokenizer
-    from ragen2_core.rollout.sampler import SamplingParams
     from ragen2_core.rollout.vllm_backend import VLLMEngine
-    tok = train_tokenizer(["the quick brown fox jumps over the lazy dog " * 20], vocab_size=300)
-    model = build_tiny_qwen2(tok, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                             intermediate_size=128, seed=0).eval()
+    model, prompt = tiny_model_and_text()
     model = apply_lora(model, r=4, alpha=8.0, dropout=0.0, target_modules=["q_proj", "down_proj"])
     with torch.no_grad():  # B = 0 at start would hide a missing merge: give the adapters weight
         for name, prm in model.named_parameters():
             if "lora_B" in name:
                 prm.normal_(0, 0.5)
     engine = VLLMEngine(model, dtype="float32", max_context_tokens=512, memory_gb=0.25, seed=0, weights=plain_weights)
-    prompt = tok.encode("the quick brown fox jumps over the lazy dog " * 3, add_special_tokens=False)
-    p = SamplingParams(max_new_tokens=6)
-
-    def gap(m):
-        (toks, lps), = engine.generate([prompt], p, stop=[], seeds=[3])
-        with torch.no_grad():
-            logp = torch.log_softmax(m(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1].float(), -1)
-        return (logp.gather(-1, torch.tensor(toks)[:, None]).squeeze(-1) - torch.tensor(lps)).abs().max().item()
+    gap = logp_gap(engine, prompt)
 
     assert gap(model) < 1e-4
     with torch.no_grad():
