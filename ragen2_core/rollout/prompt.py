@@ -1,4 +1,5 @@
-"""The conversation format (REFERENCE.md section 7): raw text, or the policy's chat template.
+"""The prompt format (REFERENCE.md section 7): how a conversation is rendered, as raw text or in the
+policy's chat template.
 
 An episode is a conversation: the env's system text, one user message per turn (the previous turn's
 reward, the state, the budget line), the model's replies as assistant messages. Generation starts

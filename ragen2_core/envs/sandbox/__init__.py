@@ -13,8 +13,8 @@ The isolation is bubblewrap's (``bwrap``, the sandbox Flatpak is built on), not 
 its arguments. Needs Linux x86-64, root (to make cgroups and drop to an unprivileged uid) and the
 ``bubblewrap`` package; ``isolation_problem`` says what is missing and how to fix it.
 
-* The parent starts a supervisor interpreter (``python -I -S`` this file, empty environment, own
-  process group) that runs the tests one after another. Per test it makes a memory and a pids
+* The parent starts a supervisor interpreter (``python -I -S`` on ``supervisor.py``, empty
+  environment, own process group) that runs the tests one after another. Per test it makes a memory and a pids
   cgroup (v1 controllers, under its own cgroup), forks a child that joins them, joins a fresh
   session keyring, sets RLIMIT_CORE to 1, drops to uid/gid 65534 with no groups and executes
   ``bwrap``.
