@@ -16,9 +16,9 @@ SkyRL tokenise multi-turn chats (render the history, take the delta). That is ex
 that only append; one that rewrites earlier turns (e.g. drops past reasoning) is refused, since no
 single token sequence could then be both generated from and trained on.
 
-    prompt_format = load_prompt_format(tok, "auto")             # the tokenizer's template, else raw text
-    conv = prompt_format.start(system, user_text(1, obs, 10, 96))     # the first piece: conv.text
-    conv.reply(reply_text)                       # what the model wrote after "<think>"
+    prompt_format = load_prompt_format(tok, "auto")                 # the tokenizer's template, else raw text
+    conv = prompt_format.start(system, user_text(1, obs, 10, 96))   # the first piece: conv.text
+    conv.reply(reply_text)                                          # what the model wrote after "<think>"
     piece = conv.follow(user_text(2, obs2, 9, 96, reward=0.0))
 """
 from __future__ import annotations
