@@ -27,7 +27,7 @@ from ray.tune import Callback
 
 from ragen2_core.tracking.mlflow_sink import search_all_runs
 from ragen2_core.sweep.spec import SweepSpec
-from ragen2_core.sweep.trials import Trial, trial_config
+from ragen2_core.sweep.trials import Trial, trial_dir
 from ragen2_core.sweep.trainable import SIDECAR, resolve
 from ragen2_core.tracking import MlflowSink, git_sha
 
@@ -66,7 +66,7 @@ class SweepTracker(Callback):
         else:
             tags = {"ragen2.role": "trial", "ragen2.sweep": self.spec.name, "ragen2.instance": self.spec.instance,
                     "ragen2.trial_id": t.trial_id, "ragen2.arm": t.arm, "ragen2.group": t.group,
-                    "ragen2.output_dir": trial_config(self.spec, t).train.output_dir}
+                    "ragen2.output_dir": str(trial_dir(self.spec, t))}
             sink = MlflowSink(tracking_uri=self.uri, experiment=self.spec.experiment, run_name=t.label,
                               parent_run_id=self.parent, tags=tags)
             self.last_step[t.trial_id] = 0
@@ -79,7 +79,7 @@ class SweepTracker(Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         sink, t = self._open(trial)
-        self._copy_record(sink, self._out(t))
+        self._copy_record(sink, trial_dir(self.spec, t))
         tid, step = t.trial_id, result.get("step")
         if step is None or step <= self.last_step.get(tid, 0):
             return  # a resumed trial replays steps after its last checkpoint; they are already logged
@@ -92,7 +92,7 @@ class SweepTracker(Callback):
 
     def _finish(self, trial, status: str, error: Optional[str] = None) -> None:
         sink, t = self._open(trial)
-        out = self._out(t)
+        out = trial_dir(self.spec, t)
         self._copy_record(sink, out)
         self._upload_artifacts(sink, out)
         result = out / "result.json"
@@ -104,8 +104,6 @@ class SweepTracker(Callback):
         sink.close(status)
         self.open.pop(trial.trial_id, None)
 
-    def _out(self, t: Trial) -> Path:
-        return Path(trial_config(self.spec, t).train.output_dir)
 
     def _copy_record(self, sink: MlflowSink, out: Path) -> None:
         """The trainer's params, tags and texts, from the trial's folder (on a cluster: shared storage),

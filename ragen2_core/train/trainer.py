@@ -50,9 +50,11 @@ from ragen2_core.batches import RolloutBatch
 
 def run(cfg, sink) -> dict:
     # ================================================================ setup
-    record_run(cfg, sink)
+    found = checkpoint.latest(Path(cfg.train.output_dir)) if cfg.train.resume else None
+    if found is None:
+        record_run(cfg, sink)  # before setup, so a run that fails there still says what it was
     ctx = setup(cfg, sink)
-    start_step = resume_or_start(ctx)
+    start_step = resume_or_start(ctx, found)
     ctx.vllm = start_vllm(ctx)
     last_eval: dict = {}
     metrics: dict = {}
@@ -161,28 +163,21 @@ def setup(cfg, sink) -> RunContext:
                       prompt_format=load_prompt_format(tok, cfg.policy.chat_template))
 
 
-def resume_or_start(ctx: RunContext) -> int:
-    """The first step to run: after the newest checkpoint on resume, else 0 (tagging the policy loaded)."""
-    cfg = ctx.cfg
-    start_step = 0
-    if cfg.train.resume:
-        found = checkpoint.latest(ctx.out_dir)
-        if found is not None:
-            state = checkpoint.load(found, ctx.actor, ctx.critic)
-            start_step = state["step"] + 1
-            ctx.loop |= {k: v for k, v in state.get("loop", {}).items() if k in ctx.loop}
-            ctx.monitor.load_state_dict(state.get("stops", {}))
-            print(f"[train] resumed from {found} at step {start_step}", flush=True)
-    if start_step == 0:
+def resume_or_start(ctx: RunContext, found: Path | None) -> int:
+    """The first step to run: after checkpoint `found` (the newest, on resume), else 0 (tagging the
+    policy loaded)."""
+    if found is None:
         ctx.sink.set_tags({"ragen2.policy": ctx.policy_path})
-    return start_step
+        return 0
+    state = checkpoint.load(found, ctx.actor, ctx.critic)
+    ctx.loop |= {k: v for k, v in state.get("loop", {}).items() if k in ctx.loop}
+    ctx.monitor.load_state_dict(state.get("stops", {}))
+    print(f"[train] resumed from {found} at step {state['step'] + 1}", flush=True)
+    return state["step"] + 1
 
 
 def record_run(cfg, sink) -> None:
-    """The run's params, reproducibility tags and resolved config, logged before anything can fail,
-    so a run that fails in setup still says what it was (a resumed run logged them when it began)."""
-    if cfg.train.resume and checkpoint.latest(Path(cfg.train.output_dir)) is not None:
-        return
+    """The run's params, reproducibility tags and resolved config (a resumed run logged them when it began)."""
     sink.log_params(flatten(cfg))
     sink.set_tags(run_tags(config_hash(cfg), cfg.train.seed, git_sha(Path(__file__).parent)))
     sink.log_text(dump_yaml(cfg), "config.yaml")
