@@ -16,6 +16,7 @@ Also here: `run_tags` and `git_sha`, the reproducibility tags every run carries.
 """
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import math
@@ -267,9 +268,13 @@ class JsonlSink(SinkContext):
 
     @staticmethod
     def read(path: str | Path) -> list[dict]:
-        """All records, with metric values decoded back to floats (NaN and inf included)."""
+        """All records, with metric values decoded back to floats (NaN and inf included); a path
+        ending in .gz is read through gzip (a log kept beside the docs)."""
+        path = Path(path)
+        data = path.read_bytes()
+        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8")
         records = []
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
+        for line in text.splitlines():
             if not line.strip():
                 continue
             rec = json.loads(line)
