@@ -31,6 +31,9 @@ reported apart), with ``vllm_ratio`` = vLLM tokens/s / ours (goal >= 2):
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/rollout.py --config sweeps/base/smollm2_frozenlake.yaml \
         --set warmstart.pretrained=false --episodes 16 --skip-naive --vllm
 
+``--profile`` then runs ours and ``hf_batched`` once more each under cProfile and prints the calls
+that take the most time of their own.
+
 ``--backend vllm`` (run it in the vLLM environment, ``bash scripts/setup_vllm.sh``) measures instead our
 engine against the vLLM backend on a random-init model of Qwen2.5-0.5B's shape (vocabulary 151,936,
 fp32), the same 64 multi-turn FrozenLake episodes, seeds and per-turn budget through the same
@@ -195,6 +198,7 @@ def main() -> None:
     ap.add_argument("--skip-naive", action="store_true", help="the naive loop is slow; skip it")
     ap.add_argument("--compile", action="store_true", help="also time rollout.compile (after compiling it)")
     ap.add_argument("--against", metavar="REV", help="also time the engine of this git revision, alternately")
+    ap.add_argument("--profile", action="store_true", help="then profile ours and hf_batched once each (cProfile)")
     ap.add_argument("--vllm", action="store_true", help="also time the vLLM backend on the same model and episodes "
                     "(run in the vLLM environment)")
     ap.add_argument("--vllm-memory-gb", type=float, default=2.0, help="--vllm: KV cache size")
@@ -265,6 +269,14 @@ def main() -> None:
         sec, tokens = min(runs)
         results[name] = {"seconds": round(sec, 3), "tokens": tokens, "tokens_per_s": round(tokens / sec, 1)}
         print(f"{name:>10}: {sec:7.2f} s  {tokens:6d} tokens  {tokens / sec:8.1f} tok/s", flush=True)
+    if args.profile:  # where the time goes, ours and HF's batched generate, once each
+        import cProfile
+        import pstats
+        for name in ("ours", "hf_batched"):
+            prof = cProfile.Profile()
+            prof.runcall(ways[name] if name in ways else ours)
+            print(f"--- {name}: the calls that take the most time of their own")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(6)
     ours_s = results["ours"]["seconds"]
     print(json.dumps({
         "name": "rollout", "episodes": args.episodes, "threads": args.threads, "policy": str(path),
