@@ -141,8 +141,16 @@ def cmd_train(cfg, args) -> int:
     problems = preflight(cfg, memory_check=not args.no_memory_check)
     if problems:
         return _refuse("train", problems)
-    from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
     from ragen2_core.train.trainer import run
+    from ragen2_core.train.engine import shutdown_distributed
+    try:
+        return _train(cfg, run)
+    finally:
+        shutdown_distributed()
+
+
+def _train(cfg, run) -> int:
+    from ragen2_core.tracking import FanoutSink, JsonlSink, MemorySink, MlflowSink, StdoutSink
     out = Path(cfg.train.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if int(os.environ.get("RANK", "0")) > 0:  # under torchrun only rank 0 reports

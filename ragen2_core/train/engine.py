@@ -96,6 +96,13 @@ def init_distributed() -> tuple[int, int]:
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
+def shutdown_distributed() -> None:
+    """Destroy the process group at the end of a run, so NCCL frees its communicators before exit
+    (torch warns about, and can hang on, a group left for interpreter teardown)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
 def _remove(path: str) -> None:
     try:
         os.unlink(path)

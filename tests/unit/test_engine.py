@@ -248,3 +248,21 @@ def test_one_process_group_skips_deepspeeds_shared_memory_op():
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "None {'deepspeed_shm_comm': False}"
+
+
+def test_shutdown_destroys_the_group_and_a_later_run_can_start_another():
+    # `ragen2 train` ends with shutdown_distributed(); a caller that runs train again in the same
+    # process (a notebook, a test) must get a fresh, working group, DeepSpeed's comm layer included.
+    code = ("import deepspeed.comm as dist, torch\n"
+            "from ragen2_core.train.engine import init_distributed, shutdown_distributed\n"
+            "assert init_distributed() == (0, 1)\n"
+            "shutdown_distributed(); assert not torch.distributed.is_initialized()\n"
+            "shutdown_distributed()\n"  # a second call is a no-op, not an error
+            "assert init_distributed() == (0, 1)\n"
+            "t = torch.full((2,), 3.0); dist.all_reduce(t); assert t.tolist() == [3.0, 3.0]\n"
+            "shutdown_distributed(); print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-c", code], env=env | {"DS_ACCELERATOR": "cpu"},
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "ok"
