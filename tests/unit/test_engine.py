@@ -243,11 +243,7 @@ def test_one_process_group_skips_deepspeeds_shared_memory_op():
             "print(backend.cdb.shm_comm_op, deepspeed.ops.__compatible_ops__)\n"
             # Left to interpreter exit, gloo's threads have once aborted the process (status -6).
             "torch.distributed.destroy_process_group()\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, "-c", code], env=env | {"DS_ACCELERATOR": "cpu"},
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "None {'deepspeed_shm_comm': False}"
+    assert _last_line_in_fresh_process(code) == "None {'deepspeed_shm_comm': False}"
 
 
 def test_shutdown_destroys_the_group_and_a_later_run_can_start_another():
@@ -261,8 +257,14 @@ def test_shutdown_destroys_the_group_and_a_later_run_can_start_another():
             "assert init_distributed() == (0, 1)\n"
             "t = torch.full((2,), 3.0); dist.all_reduce(t); assert t.tolist() == [3.0, 3.0]\n"
             "shutdown_distributed(); print('ok')\n")
+    assert _last_line_in_fresh_process(code) == "ok"
+
+
+def _last_line_in_fresh_process(code: str) -> str:
+    """Run ``code`` in a new interpreter with no launcher variables (so init_distributed takes its
+    one-process path); returns the last line it printed."""
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     done = subprocess.run([sys.executable, "-c", code], env=env | {"DS_ACCELERATOR": "cpu"},
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "ok"
+    return done.stdout.strip().splitlines()[-1]
