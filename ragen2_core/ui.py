@@ -56,7 +56,7 @@ def _refuse(problem: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
-    from ragen2_core.train.preflight import resolve_tracking, store_problems
+    from ragen2_core.outputs import resolve_tracking, store_problems
 
     parser = argparse.ArgumentParser(prog="ragen2 ui", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -245,8 +245,8 @@ def sweep_preflight(spec: SweepSpec, trials: list[Trial], *, memory_check: bool 
     """What the sweep needs before its MLflow run, folders or Ray exist (train/preflight.py): a store of a
     known scheme that can be written, a storage folder outside git, and every trial's config (and
     optuna's range ends) passing the training checks. A problem shared by trials is reported once."""
-    from ragen2_core.train.preflight import (build_lock_problems, config_problems, output_problems,
-                                             resolve_tracking, tracking_problems)
+    from ragen2_core.outputs import output_problems, resolve_tracking, tracking_problems
+    from ragen2_core.train.preflight import build_lock_problems, config_problems
 
     uri, label = resolve_tracking(spec.tracking.uri)
     problems = tracking_problems(uri, label) + output_problems(spec.sweep_root, "storage")

@@ -13,7 +13,7 @@ LAYERS = [
     {"envs"},
     {"rollout"},
     {"policy"},
-    {"tracking"},
+    {"tracking", "outputs"},
     {"train"},
     {"report"},
     {"sweep"},

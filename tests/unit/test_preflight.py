@@ -18,6 +18,8 @@ from ragen2_core.mi_offline import main as mi
 from ragen2_core.sweep.driver import main as sweep
 from ragen2_core.sweep.spec import SpecError
 from ragen2_core.sweep.trials import count_trials, expand, iter_trials, load_spec
+from ragen2_core import outputs
+from ragen2_core.train import memory
 from ragen2_core.train import preflight as pf
 from ragen2_core.ui import main as ui
 
@@ -106,13 +108,13 @@ def test_mi_seed_out_of_range_is_refused(tmp_path, capsys):
 
 def test_the_memory_estimate_by_hand():
     cfg = load_config(None)  # embedded default: 8 x 8 rows, 2048 tokens, hidden 128, 4 layers, 2 x 32 kv, vocab 1024
-    need = pf.memory_need(cfg, pf.embedded_shape(cfg.policy))
+    need = memory.memory_need(cfg, memory.embedded_shape(cfg.policy))
     # kv: 64 rows x 2048 x 4 layers x 2 x 64 x 4 bytes; micro = 64 / (1 mini-batch x 4 accum) = 16 rows
     # activations: 16 x 2048 x 128 x 4 x 4; logits: 16 x 256 (logit_chunk) x 1024 x 4
     # weights: (1024 x 128 + 4 x (128 x (256 + 128) + 3 x 128 x 384)) x 4 = 917504 x 4
     assert need == {"kv_cache": 256 << 20, "activations": 64 << 20, "logits": 16 << 20, "weights": 917504 * 4}
-    assert pf.memory_problems(cfg, pf.embedded_shape(cfg.policy), total=340 << 20) == []
-    [problem] = pf.memory_problems(cfg, pf.embedded_shape(cfg.policy), total=300 << 20)
+    assert memory.memory_problems(cfg, memory.embedded_shape(cfg.policy), total=340 << 20) == []
+    [problem] = memory.memory_problems(cfg, memory.embedded_shape(cfg.policy), total=300 << 20)
     assert "8 x 8 = 64 rows" in problem and "339.5 MiB" in problem and "300.0 MiB" in problem
 
 
@@ -176,10 +178,10 @@ def test_a_store_in_a_read_only_folder_is_refused_at_once(tmp_path):
 
 
 def test_a_missing_store_folder_that_can_be_made_passes(tmp_path):
-    assert pf.tracking_problems(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'mlflow.db'}") == []
+    assert outputs.tracking_problems(f"sqlite:///{tmp_path / 'new' / 'deeper' / 'mlflow.db'}") == []
     assert not (tmp_path / "new").exists()  # checked, not made
     (tmp_path / "file").write_text("x")
-    [problem] = pf.tracking_problems(f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}")
+    [problem] = outputs.tracking_problems(f"sqlite:///{tmp_path / 'file' / 'mlflow.db'}")
     assert f"{tmp_path / 'file'} is a file" in problem
 
 
@@ -211,9 +213,9 @@ def test_warmstart_refuses_a_cache_inside_git_and_a_missing_data_file(cwd, capsy
 
 def test_a_bare_repository_counts_as_a_git_directory(tmp_path):
     subprocess.run(["git", "init", "-q", "--bare", str(tmp_path / "bare.git")], check=True)
-    [problem] = pf.output_problems(tmp_path / "bare.git" / "x", "train.output_dir")
+    [problem] = outputs.output_problems(tmp_path / "bare.git" / "x", "train.output_dir")
     assert "lies inside the git directory" in problem
-    assert pf.output_problems(tmp_path / "runs" / "x", "train.output_dir") == []
+    assert outputs.output_problems(tmp_path / "runs" / "x", "train.output_dir") == []
 
 
 def test_a_sweep_storage_inside_git_is_refused(cwd, capsys):
