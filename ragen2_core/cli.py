@@ -143,10 +143,9 @@ def cmd_train(cfg, args) -> int:
         return _refuse("train", problems)
     from ragen2_core.train.trainer import run
     from ragen2_core.train.engine import shutdown_distributed
-    try:
-        return _train(cfg, run)
-    finally:
-        shutdown_distributed()
+    code = _train(cfg, run)
+    shutdown_distributed()  # after a clean end only: after an error a peer rank may be gone, and a destroy could wait on it
+    return code
 
 
 def _train(cfg, run) -> int:
