@@ -16,7 +16,7 @@ setup(
     # only when no torch is present, so a user's CUDA build is never replaced.
     install_requires=[
         "torch>=2.4",
-        "transformers>=4.56",  # from_pretrained(dtype=...): older versions ignore it and load float32
+        "transformers>=4.56",  # the first release whose from_pretrained takes dtype=, as our loaders call it
         "tokenizers>=0.21",
         "deepspeed>=0.16",
         "mlflow>=2.18",

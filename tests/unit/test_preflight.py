@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from ragen2_core import outputs
 from ragen2_core.cli import main as cli
 from ragen2_core.config import load_config
 from ragen2_core.mi_offline import main as mi
 from ragen2_core.sweep.driver import main as sweep
 from ragen2_core.sweep.spec import SpecError
 from ragen2_core.sweep.trials import count_trials, expand, iter_trials, load_spec
-from ragen2_core import outputs
 from ragen2_core.train import memory
 from ragen2_core.train import preflight as pf
 from ragen2_core.ui import main as ui
