@@ -23,10 +23,10 @@ for s in "${sweeps[@]}"; do
   spec=ablations/mechanism/$s.yaml
   archive=docs/data/mechanism/$s.json.gz
   if [ -f "$archive" ]; then echo "[study] $s: archived in $archive, skipped"; continue; fi
-  # started = an instance folder exists under the spec's storage (made when an instance starts)
-  started=$("$PY" -c 'import sys; from ragen2_core.sweep.spec import read_spec
-root = read_spec(sys.argv[1]).sweep_root
-print(int(root.is_dir() and any(p.is_dir() for p in root.iterdir())))' "$spec")
+  # started = an instance folder exists under the spec's storage (the driver makes it as it starts)
+  started=$("$PY" -c 'import sys; from ragen2_core.sweep.instances import known_instances
+from ragen2_core.sweep.spec import read_spec
+print(int(bool(known_instances(read_spec(sys.argv[1]), []))))' "$spec")
   if [ "$started" = 1 ]; then
     echo "[study] $s: resuming its latest instance"
     "$PY" sweeps/run.py "$spec" --resume

@@ -104,7 +104,6 @@ class SweepTracker(Callback):
         sink.close(status)
         self.open.pop(trial.trial_id, None)
 
-
     def _copy_record(self, sink: MlflowSink, out: Path) -> None:
         """The trainer's params, tags and texts, from the trial's folder (on a cluster: shared storage),
         each file copied again only when it changed. Params are immutable in MLflow, and MlflowSink
