@@ -74,43 +74,6 @@ def collapse_onset(template: Curve, mi: Curve, success: Curve, *, rise: float = 
     return Onset(collapsed=step is not None, signal=signal, step=step, template_rise=t_rise, mi_fall=m_fall)
 
 
-# ----------------------------------------------------------------------------- alarms
-
-@dataclass(frozen=True)
-class Alarm:
-    """A monitor on one logged signal: it fires at the first reading of ``patience`` in a row that
-    are below ``level`` (absolute), or below ``relative`` x the highest earlier reading."""
-    metric: str
-    level: float | None = None
-    relative: float | None = None
-    patience: int = 3
-    window: int = 1             # average this many consecutive logged values first (per-step signals)
-
-
-# Fixed before the Part 3 study ran (docs/reproduction.md): the shipped alert, the release's
-# statistic with a relative threshold (an effect size has no absolute scale), and the usual
-# entropy-collapse monitor.
-ALARMS = (Alarm("collapse/mi_perm_zscore_ema", level=2.0),
-          Alarm("collapse/mi_zscore_ema", relative=0.5),
-          Alarm("actor/entropy", relative=0.5, window=4))
-
-
-def alarm_step(curve: Curve, alarm: Alarm) -> int | None:
-    """The step at which ``alarm`` fires on ``curve``, or None."""
-    points = windows(curve, alarm.window) if alarm.window > 1 else list(zip(*curve))
-    run, peak = 0, None
-    for step, v in points:
-        if math.isnan(v):
-            continue
-        low = (alarm.level is not None and v < alarm.level) or (
-            alarm.relative is not None and peak is not None and v < alarm.relative * peak)
-        run = run + 1 if low else 0
-        if run >= alarm.patience:
-            return step
-        peak = v if peak is None else max(peak, v)
-    return None
-
-
 def success_fall_step(success: Curve, *, drop: float = 0.05) -> int | None:
     """The first validation at least ``drop`` below the best earlier one, or None. Validation (the
     same fixed episodes every time, 1,000 in the Part 3 study) is the precise reading of success;
@@ -175,43 +138,4 @@ def curve_rows(sweep, metric: str, width: int) -> list[str]:
                  for last, mean in windows(t.curve(metric), width)]
         rows.append(f"| {t.arm}{'' if t.condition == 'all' else ' ' + t.condition} | {t.seed} | "
                     f"{', '.join(cells) or '-'} |")
-    return rows
-
-
-def alarm_summary(trials, alarms=ALARMS) -> list[dict]:
-    """Per alarm, over ``trials``: lead times (failure step minus alarm step) of the collapsed trials
-    it caught in time, how many collapsed trials it missed (no alarm, or one after the failure), and
-    how many of the trials that did not collapse it fired in (false alarms)."""
-    failed = {id(t): failure_step(t.curve("rollout/template_frac"), t.curve("eval/success")) for t in trials}
-    out = []
-    for alarm in alarms:
-        leads, missed, false, quiet = [], 0, 0, 0
-        for t in trials:
-            fired, fail = alarm_step(t.curve(alarm.metric), alarm), failed[id(t)]
-            if fail is None:
-                quiet += 1
-                false += fired is not None
-            elif fired is not None and fired <= fail:
-                leads.append(fail - fired)
-            else:
-                missed += 1
-        out.append({"alarm": alarm, "collapsed": len(leads) + missed, "caught": len(leads), "leads": leads,
-                    "missed": missed, "quiet": quiet, "false_alarms": false})
-    return out
-
-
-def describe_alarm(a: Alarm) -> str:
-    level = f"< {a.level:g}" if a.level is not None else f"< {a.relative:g} x its highest earlier reading"
-    over = f" ({a.window}-step windows)" if a.window > 1 else ""
-    return f"`{a.metric}`{over} {level}, {a.patience} in a row"
-
-
-def alarm_rows(trials, alarms=ALARMS) -> list[str]:
-    rows = ["| monitor | collapsed trials caught in time | lead time, steps (median, range) | missed | "
-            "false alarms (trials that did not collapse) |", "| --- | --- | --- | --- | --- |"]
-    for r in alarm_summary(trials, alarms):
-        leads = sorted(r["leads"])
-        lead = f"{leads[len(leads) // 2]} ({leads[0]}-{leads[-1]})" if leads else "-"
-        rows.append(f"| {describe_alarm(r['alarm'])} | {r['caught']} of {r['collapsed']} | {lead} | {r['missed']} | "
-                    f"{r['false_alarms']} of {r['quiet']} |")
     return rows

@@ -51,21 +51,6 @@ def test_template_wins_a_tie_and_the_earlier_signal_is_reported():
     assert (o.signal, o.step) == ("mi", 4)
 
 
-def test_alarm_absolute_and_relative_with_patience():
-    from ragen2_core.report.onset import Alarm, alarm_step
-    # Permutation z-score EMA every 4 steps: 5, 3, 1.9, 2.1, 1.5, 1.2, 0.8 -> below 2 at steps 9,
-    # 17, 21, 25; three in a row first at step 25 (the 2.1 at 13 resets the count).
-    z = curve([5, 3, 1.9, 2.1, 1.5, 1.2, 0.8], every=4)
-    assert alarm_step(z, Alarm("z", level=2.0)) == 25
-    # Relative to the highest earlier reading: 1.0, 2.0, 0.9, 0.8, 0.7 -> half of 2.0 is 1.0, so
-    # 0.9 (step 3), 0.8, 0.7 are low: fires at step 5. The first reading has no earlier peak.
-    assert alarm_step(curve([1.0, 2.0, 0.9, 0.8, 0.7]), Alarm("r", relative=0.5)) == 5
-    assert alarm_step(curve([1.0, 2.0, 0.9, 0.8, 1.1]), Alarm("r", relative=0.5)) is None
-    # Windows of 4 per-step values first: [0.1]*4 -> 0.1, then three windows of 0.04 < 0.05.
-    ent = curve([0.1] * 4 + [0.04] * 12)
-    assert alarm_step(ent, Alarm("e", relative=0.5, window=4)) == 16
-
-
 def test_success_fall_and_failure_step():
     from ragen2_core.report.onset import failure_step, success_fall_step
     # Validations 0.21, 0.24, 0.20, 0.18: 0.18 is the first at least 0.05 below the best (0.24).
@@ -84,23 +69,6 @@ class FakeTrial:
 
     def curve(self, metric):
         return self.curves.get(metric, ([], []))
-
-
-def test_alarm_summary_counts_leads_misses_and_false_alarms():
-    from ragen2_core.report.onset import Alarm, alarm_summary
-    z = "collapse/mi_perm_zscore_ema"
-    rising = curve([0.3] * 4 + [0.5] * 4)                  # template criterion met at step 8
-    flat = curve([0.3] * 8)
-    trials = [
-        FakeTrial(**{"rollout/template_frac": rising, z: curve([1.0, 1.0, 1.0], every=2)}),   # fires at 5: lead 3
-        FakeTrial(**{"rollout/template_frac": rising, z: curve([5.0] * 4 + [1.0] * 3)}),     # fires at 7: lead 1
-        FakeTrial(**{"rollout/template_frac": rising, z: curve([5.0] * 8 + [1.0] * 3)}),     # at 11: too late
-        FakeTrial(**{"rollout/template_frac": flat, z: curve([1.0] * 3)}),                   # false alarm
-        FakeTrial(**{"rollout/template_frac": flat, z: curve([5.0] * 3)}),                   # quiet
-    ]
-    (r,) = alarm_summary(trials, (Alarm(z, level=2.0),))
-    assert (r["collapsed"], r["caught"], sorted(r["leads"]), r["missed"]) == (3, 2, [1, 3], 1)
-    assert (r["quiet"], r["false_alarms"]) == (2, 1)
 
 
 def test_curve_rows_name_each_window_by_its_steps():
