@@ -16,7 +16,7 @@ be judged on others.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ragen2_core.report.onset import Curve, failure_step, windows
 
@@ -124,10 +124,15 @@ def describe_alarm(a: Alarm) -> str:
     return f"`{a.metric}`{over} {level}, {a.patience} in a row"
 
 
-def _cells(r: dict) -> str:
+def summary_cells(r: dict) -> list[str]:
+    """An `alarm_summary` entry as table cells: caught in time, lead (median, range), missed, false alarms."""
     leads = r["leads"]
     lead = f"{_median(leads):g} ({min(leads)}-{max(leads)})" if leads else "-"
-    return f"{r['caught']} of {r['collapsed']} | {lead} | {r['missed']} | {r['false_alarms']} of {r['quiet']} |"
+    return [f"{r['caught']} of {r['collapsed']}", lead, str(r["missed"]), f"{r['false_alarms']} of {r['quiet']}"]
+
+
+def _cells(r: dict) -> str:
+    return " | ".join(summary_cells(r)) + " |"
 
 
 def _row(label: str, r: dict) -> str:

@@ -32,7 +32,7 @@ import matplotlib
 from matplotlib.backends.backend_pdf import PdfPages
 
 from ragen2_core.atomic import write_text_atomic
-from ragen2_core.report import figures
+from ragen2_core.report import figures, filter_figures, monitor_figures
 from ragen2_core.report.analysis import SUCCESS, analyse, usable
 from ragen2_core.report.archive import SUFFIX, BadArchive, is_archive, open_sweep
 from ragen2_core.report.collect import Sweep, UnknownExperiment, eval_samples, first_thinks
@@ -183,9 +183,10 @@ def build(tracking_uri: str, experiment: str, out_path: str | Path, baseline: Op
     result = analyse(sweep, baseline, include_running)
     prov = provenance(sweep)
     pages = (figures.title_page(sweep, result, prov) + figures.table_pages(result) + figures.curve_pages(sweep)
-             + figures.filter_pages(sweep) + figures.dose_pages(result, sweep.arms) + figures.comparison_pages(result)
+             + filter_figures.filter_pages(sweep) + figures.dose_pages(result, sweep.arms) + figures.comparison_pages(result)
              + figures.predictor_pages(result, sweep.arms) + figures.example_pages(examples(sweep, result))
-             + figures.cost_pages(sweep, result) + figures.robust_pages(sweep, result))
+             + monitor_figures.monitor_pages(sweep) + figures.cost_pages(sweep, result)
+             + figures.robust_pages(sweep, result))
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".tmp-{out.name}")  # renamed into place once whole, like every file here

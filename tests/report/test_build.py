@@ -12,7 +12,8 @@ from scipy import stats as sps
 from sweep_fixture import EXPERIMENT, FINAL, write_sweep
 from ragen2_core.report.build import build, main
 
-PAGES = 17  # title, table, 8 curve metrics, filter, 1 dose axis, comparison, predictors, examples, cost, robust
+PAGES = 18  # title, table, 8 curve metrics, filter, 1 dose axis, comparison, predictors, examples, monitors, cost,
+#              robust
 ROOT = Path(__file__).resolve().parents[2]
 
 
