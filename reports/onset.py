@@ -51,14 +51,14 @@ def main(argv: list[str] | None = None) -> int:
     uri = args.tracking_uri or default_tracking_uri()
     opened = {}
 
-    def sweep(name):  # a sweep named twice (as calibration and in a glob) is read once
+    def read(name):  # a sweep named twice (as calibration and in a glob) is read once
         if name not in opened:
             opened[name] = open_sweep(name, uri)
         return opened[name]
 
     try:  # every sweep opened before anything is printed
-        calibration = [sweep(n) for n in args.calibrate_on]
-        named = [sweep(n) for n in args.experiments]
+        calibration = [read(n) for n in args.calibrate_on]
+        named = [read(n) for n in args.experiments]
     except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
