@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import median
 
 from ragen2_core.report.onset import Curve, failure_step, windows
 
@@ -105,15 +106,10 @@ def calibrate(trials, family: str, *, max_false: float = 0.1) -> dict | None:
     for rank, r in enumerate(alarm_summary(trials, SCANS[family])):
         if r["caught"] == 0 or r["false_alarms"] > max_false * r["quiet"]:
             continue
-        key = (r["caught"], _median(r["leads"]), -rank)
+        key = (r["caught"], median(r["leads"]), -rank)
         if best_key is None or key > best_key:
             best, best_key = r, key
     return best
-
-
-def _median(values) -> float:
-    s = sorted(values)
-    return float("nan") if not s else (s[len(s) // 2] if len(s) % 2 else (s[len(s) // 2 - 1] + s[len(s) // 2]) / 2)
 
 
 def describe_alarm(a: Alarm) -> str:
@@ -127,7 +123,7 @@ def describe_alarm(a: Alarm) -> str:
 def summary_cells(r: dict) -> list[str]:
     """An `alarm_summary` entry as table cells: caught in time, lead (median, range), missed, false alarms."""
     leads = r["leads"]
-    lead = f"{_median(leads):g} ({min(leads)}-{max(leads)})" if leads else "-"
+    lead = f"{median(leads):g} ({min(leads)}-{max(leads)})" if leads else "-"
     return [f"{r['caught']} of {r['collapsed']}", lead, str(r["missed"]), f"{r['false_alarms']} of {r['quiet']}"]
 
 
@@ -165,7 +161,7 @@ def held_out_rows(calibration, held_out) -> list[str]:
             rows.append(f"| {family} | none catches a collapse within the false-alarm budget | - | - | - | - | - |")
             continue
         (test,) = alarm_summary(held_out, (picked["alarm"],))
-        cal = (f"{picked['caught']} of {picked['collapsed']}, {_median(picked['leads']):g}, "
+        cal = (f"{picked['caught']} of {picked['collapsed']}, {median(picked['leads']):g}, "
                f"{picked['false_alarms']} of {picked['quiet']}")
         rows.append(f"| {family} | {describe_alarm(picked['alarm'])} | {cal} | {_cells(test)}")
     return rows

@@ -37,9 +37,10 @@ def monitor_pages(sweep: Sweep) -> list[Figure]:
     quiet = len(trials) - len(collapsed)
     header = ["preset monitor (fixed before the study)", "collapses caught in time", "lead, steps (median, range)",
               "missed", "false alarms"]
-    rows = [[describe_alarm(r["alarm"]).replace("`", ""), *summary_cells(r)] for r in alarm_summary(trials)]
+    preset = alarm_summary(trials)
+    rows = [[describe_alarm(r["alarm"]).replace("`", ""), *summary_cells(r)] for r in preset]
     table(fig.add_axes([0.04, 0.7, 0.92, 0.12]), header, rows, size=8)
-    _tradeoff(fig.add_axes([0.07, 0.17, 0.36, 0.43]), trials, len(collapsed), quiet)
+    _tradeoff(fig.add_axes([0.07, 0.17, 0.36, 0.43]), trials, preset, len(collapsed), quiet)
     _timeline(fig.add_axes([0.58, 0.17, 0.38, 0.43]), collapsed, failed)
     block(fig, 0.04, 0.08, f"{len(collapsed)} of {len(trials)} finished trials collapsed. Left: every threshold of "
           "each family in report/alarms.py SCANS on this sweep, strictest first along each line; read off the "
@@ -49,7 +50,7 @@ def monitor_pages(sweep: Sweep) -> list[Figure]:
     return [fig]
 
 
-def _tradeoff(ax, trials, n_collapsed: int, n_quiet: int) -> None:
+def _tradeoff(ax, trials, preset: list[dict], n_collapsed: int, n_quiet: int) -> None:
     ax.set_title("every threshold: collapses caught vs false alarms", fontsize=9)
     if not n_collapsed or not n_quiet:
         ax.axis("off")
@@ -61,7 +62,7 @@ def _tradeoff(ax, trials, n_collapsed: int, n_quiet: int) -> None:
         rs = alarm_summary(trials, alarms)
         ax.plot([r["false_alarms"] / n_quiet for r in rs], [r["caught"] / n_collapsed for r in rs], marker=".",
                 color=cmap(i), label=family, alpha=0.8)
-    for r, marker in zip(alarm_summary(trials), MARKERS):
+    for r, marker in zip(preset, MARKERS):
         ax.scatter([r["false_alarms"] / n_quiet], [r["caught"] / n_collapsed], marker=marker, s=70,
                    facecolors="none", edgecolors="black", zorder=3, label=f"preset: {r['alarm'].metric}")
     ax.set_xlim(-0.04, 1.04)
