@@ -8,6 +8,7 @@ trials are included (marked), so a sweep can be watched while it runs.
     python reports/onset.py --scan docs/data/mechanism/shaped_vs_filter.json.gz  # every threshold
     python reports/onset.py --calibrate-on docs/data/mechanism/shaped_vs_filter.json.gz \
         docs/data/mechanism/shaped_*.json.gz          # thresholds picked on one sweep, judged on the rest
+    python reports/onset.py --alarms --per-trial X.json.gz   # and the step each monitor fired, per trial
     python reports/onset.py p3_long.json.gz --curve actor/entropy --window 10   # any curve, windowed
 
 With --alarms, also the three preset monitors (`alarms.ALARMS`) over the finished trials of all the
@@ -15,8 +16,10 @@ sweeps named: how many collapses each caught before they showed in behaviour, by
 how many it missed, and how often it fired in trials that did not collapse. --scan does the same for
 every threshold of every family in `alarms.SCANS`. --calibrate-on picks one threshold per family on
 the finished trials of the sweeps it names (`alarms.calibrate`) and judges it on those of the other
-sweeps named (a sweep named both ways counts only as calibration). With --curve, also one metric's
-mean over consecutive windows of --window logged steps, per trial.
+sweeps named (a sweep named both ways counts only as calibration). --per-trial adds, under
+--alarms and --calibrate-on, one row per trial behind those counts: the step its collapse showed
+and the step each monitor fired. With --curve, also one metric's mean over consecutive windows of
+--window logged steps, per trial.
 
 Exit status: 0 printed; 2 an unknown experiment or a bad archive.
 """
@@ -30,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ragen2_core.report.archive import BadArchive, open_sweep  # noqa: E402
 from ragen2_core.report.collect import UnknownExperiment  # noqa: E402
-from ragen2_core.report.alarms import alarm_rows, held_out_rows, scan_rows  # noqa: E402
+from ragen2_core.report.alarms import (ALARMS, alarm_rows, held_out_rows, picked_alarms,  # noqa: E402
+                                       scan_rows, trial_alarm_rows)
 from ragen2_core.report.onset import curve_rows, trial_rows  # noqa: E402
 from ragen2_core.tracking.mlflow_sink import default_tracking_uri  # noqa: E402
 
@@ -43,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scan", action="store_true", help="also every threshold of every monitor family")
     parser.add_argument("--calibrate-on", action="append", default=[], metavar="SWEEP",
                         help="pick each family's threshold on this sweep (repeatable), judge it on the others")
+    parser.add_argument("--per-trial", action="store_true",
+                        help="with --alarms or --calibrate-on: the step each monitor fired, per trial")
     parser.add_argument("--curve", metavar="METRIC", help="also this metric's windowed means per trial, e.g. actor/entropy")
     parser.add_argument("--window", type=int, default=10, help="logged steps per --curve window (default 10)")
     args = parser.parse_args(argv)
@@ -68,20 +74,24 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(trial_rows(sweep)) + "\n")
         if args.curve:
             print("\n".join(curve_rows(sweep, args.curve, args.window)) + "\n")
-        finished += [t for t in sweep.trials if t.status == "FINISHED"]
+        finished += [(sweep.experiment, t) for t in sweep.trials if t.status == "FINISHED"]
     if args.alarms:
         print(f"### Preset monitors over {len(finished)} finished trials\n")
-        print("\n".join(alarm_rows(finished)) + "\n")
+        print("\n".join(alarm_rows([t for _, t in finished])) + "\n")
+        if args.per_trial:
+            print("\n".join(trial_alarm_rows(finished, ALARMS)) + "\n")
     if args.scan:
         print(f"### Every threshold over {len(finished)} finished trials\n")
-        print("\n".join(scan_rows(finished)) + "\n")
+        print("\n".join(scan_rows([t for _, t in finished])) + "\n")
     if calibration:
         picked_on = {s.experiment for s in calibration}
         cal = [t for s in calibration for t in s.trials if t.status == "FINISHED"]
-        held = [t for s in named if s.experiment not in picked_on for t in s.trials if t.status == "FINISHED"]
+        held = [(name, t) for name, t in finished if name not in picked_on]
         print(f"### Thresholds picked on {', '.join(sorted(picked_on))} ({len(cal)} finished trials), "
               f"judged on {len(held)} held-out finished trials\n")
-        print("\n".join(held_out_rows(cal, held)) + "\n")
+        print("\n".join(held_out_rows(cal, [t for _, t in held])) + "\n")
+        if args.per_trial:
+            print("\n".join(trial_alarm_rows(held, picked_alarms(cal))) + "\n")
     return 0
 
 

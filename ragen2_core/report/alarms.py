@@ -149,6 +149,33 @@ def scan_rows(trials) -> list[str]:
                     for family, alarms in SCANS.items() for r in alarm_summary(trials, alarms)]
 
 
+def _fired_cell(fired: int | None, fail: int | None) -> str:
+    if fired is None:
+        return "-" if fail is None else "missed"
+    if fail is None:
+        return f"{fired} (false alarm)"
+    return f"{fired} (lead {fail - fired})" if fired <= fail else f"{fired} (late)"
+
+
+def trial_alarm_rows(labelled, alarms) -> list[str]:
+    """One row per (label, trial) of ``labelled``: the step at which its collapse showed in behaviour
+    (`failure_step`) and the step at which each of ``alarms`` fired, so that every count of
+    `alarm_summary` can be traced to the trials behind it."""
+    rows = ["| sweep | arm | seed | collapse showed at step | " + " | ".join(describe_alarm(a) for a in alarms) + " |",
+            "| --- " * (4 + len(alarms)) + "|"]
+    for label, t in sorted(labelled, key=lambda lt: (lt[0], lt[1].arm, lt[1].condition, str(lt[1].seed))):
+        fail = failure_step(t.curve("rollout/template_frac"), t.curve("eval/success"))
+        cells = [_fired_cell(alarm_step(t.curve(a.metric), a), fail) for a in alarms]
+        arm = t.arm if t.condition == "all" else f"{t.arm} {t.condition}"
+        rows.append(f"| {label} | {arm} | {t.seed} | {'-' if fail is None else fail} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def picked_alarms(calibration) -> list[Alarm]:
+    """The threshold `calibrate` picks per family of `SCANS` on ``calibration`` (families with none left out)."""
+    return [r["alarm"] for r in (calibrate(calibration, family) for family in SCANS) if r is not None]
+
+
 def held_out_rows(calibration, held_out) -> list[str]:
     """Per family: the threshold `calibrate` picks on ``calibration``, and how it does there and on
     ``held_out`` (trials it was not picked on)."""

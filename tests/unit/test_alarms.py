@@ -4,7 +4,7 @@ import importlib.util
 from pathlib import Path
 
 from ragen2_core.report.alarms import (SCANS, Alarm, alarm_step, alarm_summary, calibrate, held_out_rows,
-                                       scan_rows)
+                                       picked_alarms, scan_rows, trial_alarm_rows)
 
 ROOT = Path(__file__).resolve().parents[2]
 Z, TEMPLATE = "collapse/mi_perm_zscore_ema", "rollout/template_frac"
@@ -15,8 +15,8 @@ def curve(values, start=1, every=1):
 
 
 class FakeTrial:
-    def __init__(self, **curves):
-        self.curves = curves
+    def __init__(self, seed=0, **curves):
+        self.curves, self.seed, self.arm, self.condition = curves, seed, "arm", "all"
 
     def curve(self, metric):
         return self.curves.get(metric, ([], []))
@@ -107,6 +107,25 @@ def test_calibrate_prefers_the_longer_lead_and_says_when_nothing_qualifies():
     assert calibrate([FakeTrial(**{TEMPLATE: FLAT, Z: curve([1.0] * 8)})], "permutation z-score EMA, absolute") is None
 
 
+def test_trial_alarm_rows_show_the_step_behind_each_count():
+    # The trials of test_alarm_summary_counts_leads_misses_and_false_alarms, one row each: failure
+    # at step 8 for the three collapsed ones (fired at 5: lead 3; at 7: lead 1; at 11: late), none
+    # for the quiet ones (one fires at step 3, one never). A monitor that never fires in a collapsed
+    # run reads "missed".
+    z, alarm = Z, Alarm(Z, level=2.0)
+    trials = [FakeTrial(0, **{TEMPLATE: RISING, z: curve([1.0, 1.0, 1.0], every=2)}),
+              FakeTrial(1, **{TEMPLATE: RISING, z: curve([5.0] * 4 + [1.0] * 3)}),
+              FakeTrial(2, **{TEMPLATE: RISING, z: curve([5.0] * 8 + [1.0] * 3)}),
+              FakeTrial(3, **{TEMPLATE: FLAT, z: curve([1.0] * 3)}),
+              FakeTrial(4, **{TEMPLATE: FLAT, z: curve([5.0] * 3)}),
+              FakeTrial(5, **{TEMPLATE: RISING, z: curve([5.0] * 8)})]
+    rows = trial_alarm_rows([("s", t) for t in reversed(trials)], (alarm,))
+    assert rows[0] == "| sweep | arm | seed | collapse showed at step | `collapse/mi_perm_zscore_ema` < 2, 3 in a row |"
+    assert rows[2:] == ["| s | arm | 0 | 8 | 5 (lead 3) |", "| s | arm | 1 | 8 | 7 (lead 1) |",
+                        "| s | arm | 2 | 8 | 11 (late) |", "| s | arm | 3 | - | 3 (false alarm) |",
+                        "| s | arm | 4 | - | - |", "| s | arm | 5 | 8 | missed |"]
+
+
 def test_held_out_rows_judge_the_calibration_pick_on_other_trials():
     cal = _trials([1, 1], [3.2, 4.2])                  # picks level 2.0 (previous test)
     held = _trials([1], [1.5])                         # caught with lead 5; the quiet 1.5 is a false alarm
@@ -144,6 +163,22 @@ def test_onset_script_calibrates_on_one_archive_and_judges_on_another(capsys):
     assert ("| release z-score EMA, relative | `collapse/mi_zscore_ema` < 0.9 x its highest earlier reading, "
             "3 in a row | 14 of 20, 3, 0 of 10 |") in out
     assert "| permutation z-score EMA, absolute | none catches a collapse" in out
+    assert "| sweep | arm | seed |" not in out        # the per-trial table only when asked for
+
+
+def test_onset_script_per_trial_rows_add_up_to_the_held_out_counts(capsys):
+    data = ROOT / "docs" / "data" / "mechanism"
+    onset = _onset_script()
+    assert onset.main(["--calibrate-on", str(data / "shaped_vs_filter.json.gz"), "--per-trial",
+                       str(data / "p1_shaped.json.gz")]) == 0
+    out = capsys.readouterr().out
+    rows = [r for r in out.splitlines() if r.startswith("| p1_shaped |")]
+    assert len(rows) == 6                              # p1_shaped's six finished trials, one row each
+    # The release z-score pick is the first monitor column (both permutation families pick
+    # nothing): its held-out "caught" count is the rows whose cell reads "(lead".
+    summary = next(r for r in out.splitlines() if r.startswith("| release z-score EMA, relative |"))
+    caught = int(summary.split(" | ")[3].split(" of ")[0])
+    assert sum("(lead" in r.split(" | ")[4] for r in rows) == caught
 
 
 def test_onset_script_names_a_bad_calibration_sweep_before_printing(tmp_path, capsys):
