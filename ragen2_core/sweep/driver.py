@@ -43,7 +43,7 @@ REUSE_WORKERS = False
 # ----------------------------------------------------------------------------- tables
 
 def trial_table(spec: SweepSpec, trials: list[Trial]) -> list[dict]:
-    keys = sorted({k for t in trials for k in t.values})
+    keys = list(dict.fromkeys(k for t in trials for k in t.values))   # the spec's order, as in group names
     return [{"trial_id": t.trial_id, "arm": t.arm, "seed": t.seed, **{k: t.values.get(k, "") for k in keys}}
             for t in trials]
 

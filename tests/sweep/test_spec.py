@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from ragen2_core.config import load_config
-from ragen2_core.sweep.driver import dry_run
+from ragen2_core.sweep.driver import dry_run, trial_table
 from ragen2_core.sweep.spec import SpecError, read_spec
 from ragen2_core.sweep.trials import expand, load_spec, spec_hash, trial_config
 
@@ -136,6 +136,16 @@ def test_cli_dry_run_prints_the_table(tmp_path):
     assert all(t.trial_id in proc.stdout for t in trials)
     assert proc.stdout == dry_run(spec, trials)
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "runs").exists()
+
+
+def test_trial_table_keeps_the_specs_key_order_as_group_names_do(tmp_path):
+    # kl_coef before entropy_coef in the spec: sorting would put entropy_coef first and spell the
+    # planned condition differently from the trials' group names.
+    path = write(tmp_path, {"zip": [{"algo.kl_coef": [0.0, 0.3], "algo.entropy_coef": [0.3, 0.0]}]})
+    spec, trials = load_spec(path)
+    rows = trial_table(spec, trials)
+    assert list(rows[0]) == ["trial_id", "arm", "seed", "algo.kl_coef", "algo.entropy_coef"]
+    assert all([w.split("=")[0] for w in t.group.split()[1:]] == list(r)[3:] for t, r in zip(trials, rows))
 
 
 def test_cli_bad_spec_exits_2_before_anything(tmp_path):
