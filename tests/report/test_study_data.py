@@ -32,3 +32,19 @@ def test_archive_is_complete(path):
     seeds = sweep.spec["seeds"]
     n_seeds = seeds if isinstance(seeds, int) else len(seeds)
     assert len(sweep.trials) == len(sweep.arms) * len(sweep.conditions) * n_seeds
+
+
+def test_the_same_settings_and_seeds_ran_twice_give_the_same_curves():
+    """shaped_annealing's constant-0.9 arm is shaped_vs_filter's paper arm, seeds 0-4, run hours
+    apart in other processes (two of the five stopped at step 59 and resumed from a checkpoint):
+    every logged curve but wall-clock time must match value for value (docs/reproduction.md, Q5
+    annealing)."""
+    data = ROOT / "docs" / "data" / "mechanism"
+    again = [t for t in load(data / "shaped_annealing.json.gz").trials if t.arm == "const09"]
+    first = {t.seed: t for t in load(data / "shaped_vs_filter.json.gz").trials if t.arm == "paper"}
+    assert sorted(t.seed for t in again) == ["0", "1", "2", "3", "4"]
+    for t in again:
+        shared = set(t.history) & set(first[t.seed].history)
+        compared = [m for m in shared if not m.startswith(("time/", "cost/cum_wall"))]
+        assert "eval/success" in compared and "rollout/template_frac" in compared and len(compared) >= 20
+        assert [m for m in compared if t.curve(m) != first[t.seed].curve(m)] == [], f"seed {t.seed}"
