@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from statistics import median
 
-from ragen2_core.report.onset import Curve, failure_step, windows
+from ragen2_core.report.onset import Curve, cell_label, failure_step, windows
 
 
 @dataclass(frozen=True)
@@ -166,8 +166,7 @@ def trial_alarm_rows(labelled, alarms) -> list[str]:
     for label, t in sorted(labelled, key=lambda lt: (lt[0], lt[1].arm, lt[1].condition, str(lt[1].seed))):
         fail = failure_step(t.curve("rollout/template_frac"), t.curve("eval/success"))
         cells = [_fired_cell(alarm_step(t.curve(a.metric), a), fail) for a in alarms]
-        arm = t.arm if t.condition == "all" else f"{t.arm} {t.condition}"
-        rows.append(f"| {label} | {arm} | {t.seed} | {'-' if fail is None else fail} | " + " | ".join(cells) + " |")
+        rows.append(f"| {label} | {cell_label(t)} | {t.seed} | {'-' if fail is None else fail} | " + " | ".join(cells) + " |")
     return rows
 
 

@@ -103,6 +103,11 @@ def _f(x: float, digits: int = 2) -> str:
     return "-" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
+def cell_label(trial) -> str:
+    """A trial's arm, and its condition where the sweep varied more than arms."""
+    return trial.arm if trial.condition == "all" else f"{trial.arm} {trial.condition}"
+
+
 def trial_rows(sweep) -> list[str]:
     """One Markdown row per trial (running ones too, marked): how its template share and MI moved,
     its validations, how much the filter kept and how many groups had no spread, and the verdict."""
@@ -118,7 +123,7 @@ def trial_rows(sweep) -> list[str]:
         verdict = f"**yes**: {o.signal} at step {o.step}" if o.collapsed else "no"
         status = "" if t.status == "FINISHED" else f" ({t.status.lower()})"
         rows.append(
-            f"| {t.arm}{'' if t.condition == 'all' else ' ' + t.condition} | {t.seed} | {t.last_step()}{status} | "
+            f"| {cell_label(t)} | {t.seed} | {t.last_step()}{status} | "
             f"{_f(tw[0]) if tw else '-'} → {_f(min(tw)) if tw else '-'} → {_f(tw[-1]) if tw else '-'} "
             f"({_f(o.template_rise)}) | "
             f"{_f(mw[0]) if mw else '-'} → {_f(max(mw)) if mw else '-'} → {_f(mw[-1]) if mw else '-'} ({_f(o.mi_fall)}) | "
@@ -136,6 +141,6 @@ def curve_rows(sweep, metric: str, width: int) -> list[str]:
         steps = t.curve(metric)[0]
         cells = [f"{steps[steps.index(last) - width + 1]}-{last}: {_f(mean, 3)}"
                  for last, mean in windows(t.curve(metric), width)]
-        rows.append(f"| {t.arm}{'' if t.condition == 'all' else ' ' + t.condition} | {t.seed} | "
+        rows.append(f"| {cell_label(t)} | {t.seed} | "
                     f"{', '.join(cells) or '-'} |")
     return rows

@@ -112,14 +112,13 @@ def test_trial_alarm_rows_show_the_step_behind_each_count():
     # at step 8 for the three collapsed ones (fired at 5: lead 3; at 7: lead 1; at 11: late), none
     # for the quiet ones (one fires at step 3, one never). A monitor that never fires in a collapsed
     # run reads "missed".
-    z, alarm = Z, Alarm(Z, level=2.0)
-    trials = [FakeTrial(0, **{TEMPLATE: RISING, z: curve([1.0, 1.0, 1.0], every=2)}),
-              FakeTrial(1, **{TEMPLATE: RISING, z: curve([5.0] * 4 + [1.0] * 3)}),
-              FakeTrial(2, **{TEMPLATE: RISING, z: curve([5.0] * 8 + [1.0] * 3)}),
-              FakeTrial(3, **{TEMPLATE: FLAT, z: curve([1.0] * 3)}),
-              FakeTrial(4, **{TEMPLATE: FLAT, z: curve([5.0] * 3)}),
-              FakeTrial(5, **{TEMPLATE: RISING, z: curve([5.0] * 8)})]
-    rows = trial_alarm_rows([("s", t) for t in reversed(trials)], (alarm,))
+    trials = [FakeTrial(0, **{TEMPLATE: RISING, Z: curve([1.0, 1.0, 1.0], every=2)}),
+              FakeTrial(1, **{TEMPLATE: RISING, Z: curve([5.0] * 4 + [1.0] * 3)}),
+              FakeTrial(2, **{TEMPLATE: RISING, Z: curve([5.0] * 8 + [1.0] * 3)}),
+              FakeTrial(3, **{TEMPLATE: FLAT, Z: curve([1.0] * 3)}),
+              FakeTrial(4, **{TEMPLATE: FLAT, Z: curve([5.0] * 3)}),
+              FakeTrial(5, **{TEMPLATE: RISING, Z: curve([5.0] * 8)})]
+    rows = trial_alarm_rows([("s", t) for t in reversed(trials)], (Alarm(Z, level=2.0),))
     assert rows[0] == "| sweep | arm | seed | collapse showed at step | `collapse/mi_perm_zscore_ema` < 2, 3 in a row |"
     assert rows[2:] == ["| s | arm | 0 | 8 | 5 (lead 3) |", "| s | arm | 1 | 8 | 7 (lead 1) |",
                         "| s | arm | 2 | 8 | 11 (late) |", "| s | arm | 3 | - | 3 (false alarm) |",
@@ -133,8 +132,9 @@ def test_held_out_rows_judge_the_calibration_pick_on_other_trials():
     (row,) = [r for r in rows if r.startswith("| permutation z-score EMA, absolute |")]
     assert row == ("| permutation z-score EMA, absolute | `collapse/mi_perm_zscore_ema` < 2, 3 in a row | "
                    "2 of 2, 5, 0 of 2 | 1 of 1 | 5 (5-5) | 0 | 1 of 1 |")
-    # Families whose metric these trials lack catch nothing, and say so.
+    # Families whose metric these trials lack catch nothing, and say so; the picks leave them out.
     assert any(r.startswith("| release z-score EMA, relative | none catches") for r in rows)
+    assert picked_alarms(cal) == [Alarm("collapse/mi_perm_zscore_ema", level=2.0)]
 
 
 def test_scan_rows_list_every_threshold_of_every_family():
