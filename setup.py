@@ -16,13 +16,17 @@ setup(
     # only when no torch is present, so a user's CUDA build is never replaced.
     install_requires=[
         "torch>=2.4",
-        "transformers>=4.56",  # the first release whose from_pretrained takes dtype=, as our loaders call it
-        "tokenizers>=0.21",
+        # Floors raised where an older release failed the default tests: transformers 4.x cannot read
+        # the shipped policies (saved with TokenizersBackend and rope_parameters), gymnasium < 1.2.1's
+        # FrozenLake has no success_rate, ray 2.40 has no tune.report, mlflow < 3.9 breaks on
+        # SQLAlchemy 2.1 (which pip picks for it).
+        "transformers>=5.0",
+        "tokenizers>=0.22",
         "deepspeed>=0.16",
-        "mlflow>=2.18",
-        "ray[tune]>=2.40",
+        "mlflow>=3.9",
+        "ray[tune]>=2.41",
         "optuna>=4.0",
-        "gymnasium>=1.0",
+        "gymnasium>=1.2.1",
         "pyyaml>=6.0",
         "numpy>=1.26",
         "matplotlib>=3.8",
