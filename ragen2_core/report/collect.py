@@ -91,9 +91,9 @@ class Sweep:
     samples: Optional[dict] = None    # run_id -> eval_samples(); held only by a sweep read from an archive
 
     def __post_init__(self):
-        # Sweeps run before trials.csv kept the spec's key order list a planned trial's keys sorted,
-        # the trials' group names in the spec's order (a zip of kl_coef and entropy_coef): one
-        # condition, two spellings. The trials' wins.
+        # Older sweeps' trials.csv lists a planned trial's keys sorted, while the trials' group names
+        # keep the spec's order (a zip of kl_coef and entropy_coef): one condition, two spellings.
+        # The trials' spelling wins.
         spelled = {frozenset(t.condition.split()): t.condition for t in self.trials}
         self.expected = [{**e, "condition": spelled.get(frozenset(e["condition"].split()), e["condition"])}
                          for e in self.expected]

@@ -1,5 +1,5 @@
 """A planned condition and the trials that ran it are one cell, whatever order their keys are
-spelled in (trials.csv of sweeps run before it kept the spec's order sorted them)."""
+spelled in (older sweeps' trials.csv sorted them; group names keep the spec's order)."""
 from pathlib import Path
 
 from ragen2_core.report.archive import load
