@@ -2,9 +2,10 @@
 # Runs the default test tier against the lowest versions setup.py declares (install_requires and the
 # dev extra, each pinned to its floor), in a venv of its own: a floor is a tested claim, not a guess.
 # Usage: bash scripts/floors.sh [extra pytest args]      (venv: $FLOORS_VENV, default /tmp/ragen2-floors)
-# torch is the one floor not tested: the venv reuses the installed torch (--system-site-packages),
-# since PyPI's older torch wheels are multi-GB CUDA builds. Packages the floors do not pin come from
-# the installed ones where they fit, as they would in a user's environment.
+# The venv sees none of this machine's packages (one installed elsewhere can break an old release:
+# a newer `kernels` fails transformers 5.0's import). torch is the one floor not tested: the venv
+# gets the CPU build setup.sh installs ($TORCH_SPEC, default torch==2.13.0), since PyPI's older
+# torch wheels are multi-GB CUDA builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${FLOORS_VENV:-/tmp/ragen2-floors}
@@ -29,7 +30,8 @@ for req in kw["install_requires"] + kw["extras_require"]["dev"]:
     print(f"{name}=={min(v for v in found if v >= Version(floor) and not v.is_prerelease)}")
 EOF
 )
-python3 -m venv --system-site-packages "$VENV"
+python3 -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q ${TORCH_PIP_ARGS:-} "${TORCH_SPEC:-torch==2.13.0}"
 echo "[floors] installing into $VENV:" $PINS
 "$VENV/bin/python" -m pip install -q $PINS
 "$VENV/bin/python" -m pip install -q --no-deps -e .

@@ -116,7 +116,9 @@ def _no_shm_comm() -> None:
     ~2 s per process) and JIT-compiles that op on a machine's first run (~30 s). DeepSpeed reads
     the probe's result, ``deepspeed.ops.__compatible_ops__``, only to decide on that op."""
     ops = _deepspeed().ops
-    if "__compatible_ops__" not in vars(ops):  # not probed yet (probing is lazy since 0.16)
+    if "__compatible_ops__" in vars(ops):  # probed at import (DeepSpeed < 0.19.8): skip the build
+        ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    else:  # probed on first access (0.19.8 on): skip the probe as well
         ops.__compatible_ops__ = {"deepspeed_shm_comm": False}
 
 
