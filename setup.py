@@ -21,7 +21,7 @@ setup(
         # FrozenLake has no success_rate, ray 2.40 has no tune.report, mlflow < 3.9 breaks on
         # SQLAlchemy 2.1 (which pip picks for it), transformers < 5.4's StaticLayer has no
         # cumulative_length (the compiled rollout's cache), deepspeed <= 0.19.2 fails the ZeRO-3 tests
-        # and <= 0.19.5 reports half the gradient norm under accumulation at stages 0-2, which also
+        # and 0.19.3-0.19.5 report half the gradient norm under accumulation at stages 0-2, which also
         # changes clipping (test_engine, the pinned metrics).
         # `bash scripts/floors.sh` runs the default tier with every floor here pinned.
         "transformers>=5.4",

@@ -30,7 +30,7 @@ for req in kw["install_requires"] + kw["extras_require"]["dev"]:
     print(f"{name}=={min(v for v in found if v >= Version(floor) and not v.is_prerelease)}")
 EOF
 )
-python3 -m venv "$VENV"
+python3 -m venv --clear "$VENV"  # nothing left from an earlier run
 "$VENV/bin/python" -m pip install -q ${TORCH_PIP_ARGS:-} "${TORCH_SPEC:-torch==2.13.0}"
 echo "[floors] installing into $VENV:" $PINS
 "$VENV/bin/python" -m pip install -q $PINS
