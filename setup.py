@@ -16,21 +16,19 @@ setup(
     # only when no torch is present, so a user's CUDA build is never replaced.
     install_requires=[
         "torch>=2.4",
-        # Floors raised where an older release failed the default tests: transformers 4.x cannot read
-        # the shipped policies (saved with TokenizersBackend and rope_parameters), gymnasium < 1.2.1's
-        # FrozenLake has no success_rate, ray 2.40 has no tune.report, mlflow < 3.9 breaks on
-        # SQLAlchemy 2.1 (which pip picks for it), transformers < 5.4's StaticLayer has no
-        # cumulative_length (the compiled rollout's cache), deepspeed <= 0.19.2 fails the ZeRO-3 tests
-        # and 0.19.3-0.19.5 report half the gradient norm under accumulation at stages 0-2, which also
-        # changes clipping (test_engine, the pinned metrics).
-        # `bash scripts/floors.sh` runs the default tier with every floor here pinned.
+        # Every floor here passes the default tier (`bash scripts/floors.sh` runs it with each one
+        # pinned); where a floor was raised, the comment says what the release below it failed.
+        # transformers 4.x cannot read the shipped policies (TokenizersBackend, rope_parameters), and
+        # < 5.4's StaticLayer has no cumulative_length (the compiled rollout's cache).
         "transformers>=5.4",
         "tokenizers>=0.22.1",  # 0.22.0 needs huggingface-hub < 1.0, transformers 5.4 needs >= 1.5
+        # deepspeed <= 0.19.2 fails the ZeRO-3 tests; 0.19.3-0.19.5 report half the gradient norm
+        # under accumulation at stages 0-2, which also changes clipping.
         "deepspeed>=0.19.6",
-        "mlflow>=3.9",
-        "ray[tune]>=2.41",
+        "mlflow>=3.9",  # older ones import a class that SQLAlchemy 2.1, which pip picks for them, removed
+        "ray[tune]>=2.41",  # 2.40 has no tune.report
         "optuna>=4.0",
-        "gymnasium>=1.2.1",
+        "gymnasium>=1.2.1",  # older FrozenLake has no success_rate
         "pyyaml>=6.0",
         "numpy>=1.26",
         "matplotlib>=3.8",
