@@ -35,6 +35,6 @@ python3 -m venv --clear "$VENV"  # nothing left from an earlier run
 echo "[floors] installing into $VENV:" $PINS
 "$VENV/bin/python" -m pip install -q $PINS
 "$VENV/bin/python" -m pip install -q --no-deps -e .
-"$VENV/bin/python" -m pip list 2>/dev/null | grep -iE "^(torch|$(echo "$PINS" | sed 's/\[.*\]//; s/==.*//' | paste -sd'|')) "
+"$VENV/bin/python" -c "import torch; print('[floors] torch', torch.__version__, '(not a floor)')"
 export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 "$VENV/bin/python" -m pytest "$@"
