@@ -3,6 +3,9 @@
 # or continued in order, each archived to docs/data/mechanism/ the moment it finishes. Rerun it after
 # an interruption: an archived sweep is skipped, a started one goes on from its checkpoints
 # (--resume), the rest start fresh. The study takes about 20 hours on 2 cores.
+# A sweep that stops unfinished (interrupted, or a trial failed) leaves its finished trials in
+# docs/data/mechanism/in_progress/<sweep>.json.gz: commit it, and on a machine without this one's
+# runs/ and mlflow.db the next run restores them (reports/restore.py) and runs only the rest.
 #
 #   bash scripts/mechanism_study.sh                                      # all five, in this order
 #   bash scripts/mechanism_study.sh shaped_regularisers shaped_annealing # some
@@ -22,18 +25,39 @@ done
 for s in "${sweeps[@]}"; do
   spec=ablations/mechanism/$s.yaml
   archive=docs/data/mechanism/$s.json.gz
+  partial=docs/data/mechanism/in_progress/$s.json.gz
   if [ -f "$archive" ]; then echo "[study] $s: archived in $archive, skipped"; continue; fi
-  # started = an instance folder exists under the spec's storage (the driver makes it as it starts)
-  started=$("$PY" -c 'import sys; from ragen2_core.sweep.instances import known_instances
+  # started = an instance folder under the spec's storage, or a sweep run in its MLflow store
+  started=$("$PY" -c 'import sys
+from mlflow.tracking import MlflowClient
+from ragen2_core.sweep.instances import known_instances
 from ragen2_core.sweep.spec import read_spec
-print(int(bool(known_instances(read_spec(sys.argv[1]), []))))' "$spec")
+from ragen2_core.tracking.mlflow_sink import default_tracking_uri, search_all_runs
+spec = read_spec(sys.argv[1])
+client = MlflowClient(spec.tracking.uri or default_tracking_uri())
+exp = client.get_experiment_by_name(spec.experiment)
+runs = search_all_runs(client, exp.experiment_id) if exp else []
+parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
+print(int(bool(known_instances(spec, parents))))' "$spec")
+  if [ "$started" = 0 ] && [ -f "$partial" ]; then
+    echo "[study] $s: restoring its finished trials from $partial"
+    "$PY" reports/restore.py "$partial"
+    started=1
+  fi
+  rc=0
   if [ "$started" = 1 ]; then
     echo "[study] $s: resuming its latest instance"
-    "$PY" sweeps/run.py "$spec" --resume
+    "$PY" sweeps/run.py "$spec" --resume || rc=$?
   else
     echo "[study] $s: starting"
-    "$PY" sweeps/run.py "$spec"
+    "$PY" sweeps/run.py "$spec" || rc=$?
+  fi
+  if [ "$rc" != 0 ]; then
+    "$PY" reports/archive.py "$s" --out docs/data/mechanism/in_progress || true
+    echo "[study] $s: stopped unfinished (exit $rc); its finished trials are in $partial" >&2
+    exit "$rc"
   fi
   "$PY" reports/archive.py "$s" --out docs/data/mechanism
+  rm -f "$partial"
   echo "[study] $s: archived in $archive"
 done

@@ -65,7 +65,7 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd().resolve() / 'mlflow.db'}"
 
 
-def _default_artifact_location(uri: str, experiment: str) -> Optional[str]:
+def default_artifact_location(uri: str, experiment: str) -> Optional[str]:
     """`<db dir>/mlruns/<experiment>` for a sqlite file store, else None (the server decides).
 
     MLflow's own default is `./mlruns` relative to whichever cwd created the experiment, which
@@ -85,7 +85,7 @@ def _clip(value: object, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - len(_CUT)] + _CUT
 
 
-def _chunks(items: list, size: int):
+def chunks(items: list, size: int):
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
@@ -130,7 +130,7 @@ class MlflowSink(SinkContext):
             run = self._resume(run_id)
             self.set_tags(extra)
         else:
-            location = artifact_location or _default_artifact_location(self._uri, experiment)
+            location = artifact_location or default_artifact_location(self._uri, experiment)
             exp_id = ensure_experiment(self._client, experiment, location)
             run = self._client.create_run(exp_id, run_name=run_name,
                                           tags={k: _clip(v, MAX_TAG_CHARS) for k, v in extra.items()})
@@ -171,14 +171,14 @@ class MlflowSink(SinkContext):
             elif old != text:
                 log.warning("MLflow param %r already logged as %r; keeping it and ignoring new value %r "
                             "(params are immutable)", key, _clip(old, 80), _clip(text, 80))
-        for chunk in _chunks(new, PARAMS_PER_BATCH):
+        for chunk in chunks(new, PARAMS_PER_BATCH):
             self._client.log_batch(self._run_id, params=chunk)
             self._params.update((p.key, p.value) for p in chunk)
 
     def log_metrics(self, metrics, step):
         now = int(time.time() * 1000)
         batch = [Metric(key, float(value), now, int(step)) for key, value in metrics.items()]
-        for chunk in _chunks(batch, METRICS_PER_BATCH):
+        for chunk in chunks(batch, METRICS_PER_BATCH):
             self._client.log_batch(self._run_id, metrics=chunk)
 
     def log_artifact(self, path, artifact_path=None):
@@ -193,7 +193,7 @@ class MlflowSink(SinkContext):
 
     def set_tags(self, tags):
         batch = [RunTag(key, _clip(value, MAX_TAG_CHARS)) for key, value in tags.items()]
-        for chunk in _chunks(batch, PARAMS_PER_BATCH):
+        for chunk in chunks(batch, PARAMS_PER_BATCH):
             self._client.log_batch(self._run_id, tags=chunk)
 
     def close(self, status="FINISHED"):

@@ -8,6 +8,7 @@ own worker process.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from ragen2_core.report.archive import load, save
 from ragen2_core.report.collect import collect
 from ragen2_core.tracking import git_sha
 
@@ -168,6 +170,47 @@ def test_sweep_layout_fault_isolation_and_resume(tmp_path, cache):
     missing = sweep(tmp_path, spec, "--resume", "1999-01-01_00-00-00")
     assert missing.returncode == 2 and first_id in missing.stderr and second_id in missing.stderr
     assert len(runs_of(uri, "e2e")[1]) == 2
+
+
+def test_a_restored_archive_resumes_where_runs_and_store_are_gone(tmp_path, cache):
+    # The first machine: a two-trial sweep, archived with trial b marked unfinished, as an archive
+    # taken while b still ran holds it. Then runs/ and mlflow.db go, as on a fresh machine.
+    spec = write_spec(tmp_path, "moved", cache, arms={"a": {}, "b": {"algo.kl_coef": 0.01}})
+    first = sweep(tmp_path, spec, "--no-report")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    # in processes of their own: this one must not hold the first machine's store open
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    script = lambda name, *args: subprocess.run(  # noqa: E731
+        [sys.executable, str(ROOT / "reports" / f"{name}.py"), *args], cwd=tmp_path, env=env,
+        capture_output=True, text=True, timeout=300)
+    assert script("archive", "moved", "--out", "saved").returncode == 0
+    partial = tmp_path / "saved" / "moved.json.gz"
+    before = load(partial)
+    next(t for t in before.trials if t.arm == "b").status = "RUNNING"
+    save(before, partial)
+    shutil.rmtree(tmp_path / "runs")
+    (tmp_path / "mlflow.db").unlink()
+    shutil.rmtree(tmp_path / "mlruns", ignore_errors=True)
+
+    restored = script("restore", str(partial))
+    assert restored.returncode == 0, restored.stderr[-3000:]
+    instance = before.parent["tags"]["ragen2.instance"]
+    assert f"instance {instance}" in restored.stdout and "1 finished trials of 2 planned" in restored.stdout
+    resumed = sweep(tmp_path, spec, "--resume", "--no-report")
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming 'moved' instance {instance}" in resumed.stdout
+    assert "[sweep] start b-" in resumed.stdout and "[sweep] start a-" not in resumed.stdout
+
+    after = collect(f"sqlite:///{tmp_path}/mlflow.db", "moved")
+    assert len(after.trials) == 2 and {t.status for t in after.trials} == {"FINISHED"}
+    assert after.parent["tags"]["ragen2.restored_from"] == "moved.json.gz"
+    old_a, new_a = (next(t for t in s.trials if t.arm == "a") for s in (before, after))
+    # restored, not rerun (compared as JSON, where a logged NaN equals itself)
+    assert json.dumps(new_a.history, sort_keys=True) == json.dumps(old_a.history, sort_keys=True)
+    assert new_a.params == old_a.params and new_a.run_id != old_a.run_id
+    new_b = next(t for t in after.trials if t.arm == "b")
+    assert new_b.curve("rollout/success")[0] == [1, 2] and new_b.curve("eval/success")[0] == [2]
+    assert Path(new_b.tags["ragen2.output_dir"]).parent.parent == tmp_path / "runs" / "moved" / instance
 
 
 @pytest.mark.slow
