@@ -53,8 +53,10 @@ print(int(bool(known_instances(spec, parents))))' "$spec")
     "$PY" sweeps/run.py "$spec" || rc=$?
   fi
   if [ "$rc" != 0 ]; then
-    "$PY" reports/archive.py "$s" --out docs/data/mechanism/in_progress || true
-    echo "[study] $s: stopped unfinished (exit $rc); its finished trials are in $partial" >&2
+    echo "[study] $s: stopped unfinished (exit $rc)" >&2
+    if "$PY" reports/archive.py "$s" --out docs/data/mechanism/in_progress; then
+      echo "[study] $s: its finished trials are kept in $partial; commit it to carry them to another machine" >&2
+    fi
     exit "$rc"
   fi
   "$PY" reports/archive.py "$s" --out docs/data/mechanism
