@@ -1,25 +1,17 @@
 """Sweep archives (report/archive.py): a made-up sweep in a real sqlite MLflow store, saved with
 reports/archive.py, read back, and reported from the file alone (TEST DATA, see sweep_fixture.py)."""
 import gzip
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
+from report_scripts import script
 from sweep_fixture import EXPERIMENT, write_sweep
 from ragen2_core.report.archive import BadArchive, load, open_sweep, same_content, save
 from ragen2_core.report.build import build, main as report_main
 from ragen2_core.report.collect import UnknownExperiment, collect, eval_samples
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "reports" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

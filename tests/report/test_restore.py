@@ -1,26 +1,16 @@
 """Restoring a sweep archive into an MLflow store (report/restore.py, reports/restore.py): the made-up
 sweep of sweep_fixture.py (TEST DATA) archived, restored into a second real sqlite store and read
 back. A real sweep restored and resumed is in tests/sweep/test_sweep_e2e.py."""
-import importlib.util
-from pathlib import Path
-
 import pytest
 from mlflow.tracking import MlflowClient
 
+from report_scripts import script
 from sweep_fixture import EXPERIMENT, write_sweep
-from ragen2_core.report.archive import load, save
+from ragen2_core.report.archive import load
 from ragen2_core.report.collect import collect, eval_samples
 from ragen2_core.report.restore import RESTORED, AlreadyThere, restore
 
-ROOT = Path(__file__).resolve().parents[2]
 INSTANCE = "2026-12-01_10-00-00"
-
-
-def script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "reports" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
