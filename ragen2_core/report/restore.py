@@ -13,7 +13,9 @@ trial's tags, params, the metric curves an archive keeps (report/collect.METRICS
 validation sample files. Trials that had not finished are left out, so that --resume runs them
 from step 0 in runs of their own; a half-logged run would make the tracker skip their first steps.
 What an archive does not hold is not restored: other metrics, checkpoints, the policy artifacts,
-the sweep run's spec.* params.
+the sweep run's spec.* params. It is meant for a machine without the instance's folder: where the
+folder is there, --resume follows Tune's saved state, which counts a trial finished after the
+archive was taken as done although the restored store lacks it.
 """
 from __future__ import annotations
 
@@ -101,4 +103,3 @@ def restore(sweep: Sweep, tracking_uri: str, source: str) -> Restored:
     status = sweep.parent["status"]
     client.set_terminated(pid, "KILLED" if status == "RUNNING" else status, end_time=sweep.parent["end_ms"])
     return Restored(pid, instance, len(done), [t.trial_id for t in sweep.trials if t.status != "FINISHED"])
-
