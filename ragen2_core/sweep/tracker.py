@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from ray.tune import Callback
 
@@ -57,8 +58,7 @@ class SweepTracker(Callback):
         if trial.trial_id in self.open:
             return self.open[trial.trial_id]
         t = resolve(self.spec, self.trials, trial.config)
-        known = self.run_ids.get(t.trial_id)
-        old = [self.client.get_run(known)] if known else \
+        old = self._remembered(self.run_ids.get(t.trial_id)) or \
             find_runs(self.client, self.experiment_id, mlflow__parentRunId=self.parent, ragen2__trial_id=t.trial_id)
         if old:
             sink = MlflowSink(tracking_uri=self.uri, run_id=old[0].info.run_id)
@@ -73,6 +73,18 @@ class SweepTracker(Callback):
         self.run_ids[t.trial_id] = sink.run_id
         self.open[trial.trial_id] = (sink, t)
         return sink, t
+
+    def _remembered(self, run_id: Optional[str]) -> list:
+        """The run Tune's saved state names for a trial, when this store holds it under this sweep
+        run. A folder resumed against another store (moved, or restored from an archive) names runs
+        that are not here; the trial's run is then looked up by its tag instead."""
+        if not run_id:
+            return []
+        try:
+            run = self.client.get_run(run_id)
+        except MlflowException:
+            return []
+        return [run] if run.data.tags.get(PARENT) == self.parent else []
 
     def on_trial_start(self, iteration, trials, trial, **info):
         self._open(trial)

@@ -2,12 +2,15 @@
 the saved state a resumed instance restores."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ragen2_core.sweep.driver import no_reused_workers, summarize, to_text
 from ragen2_core.sweep.trainable import CollapseStopper, TuneSink
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_nan_in_a_guarded_metric_fails_the_trial(tmp_path):
@@ -87,3 +90,41 @@ def test_a_resumed_instance_is_told_not_to_reuse_workers(tmp_path):
     assert json.loads(new.read_text()) == {"runner_data": {"_reuse_actors": False, "_iteration": 7},
                                            "trial_data": ["x"]}
     assert json.loads(old.read_text()) == state
+
+
+def test_a_trial_run_remembered_from_another_store_is_looked_up_by_its_tag(tmp_path):
+    # Tune's saved state keeps the tracker's trial -> MLflow run map. Resumed against another store
+    # (the folder kept, the store moved or restored from an archive) those run ids are not there,
+    # or belong to another sweep run: the trial's run is found by its trial id tag, else made anew.
+    from types import SimpleNamespace
+
+    import yaml
+
+    from ragen2_core.sweep.trials import load_spec
+    from ragen2_core.sweep.tracker import SweepTracker
+    from ragen2_core.tracking.mlflow_sink import ensure_experiment
+
+    path = tmp_path / "moved.yaml"
+    path.write_text(yaml.safe_dump({"name": "moved", "base": str(ROOT / "sweeps" / "base" / "frozenlake_tiny.yaml"),
+                                    "arms": {"a": {}, "b": {"algo.kl_coef": 0.01}}, "storage": str(tmp_path / "runs")}))
+    spec, trials = load_spec(path)
+    spec.instance = "2026-12-01_10-00-00"
+    a, b = trials
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = MlflowClient(uri)
+    exp = ensure_experiment(client, "moved")
+    parent = client.create_run(exp, tags={"ragen2.role": "sweep"}).info.run_id
+    other = client.create_run(exp, tags={"ragen2.role": "sweep"}).info.run_id
+    a_run = client.create_run(exp, tags={"mlflow.parentRunId": parent, "ragen2.trial_id": a.trial_id,
+                                         "ragen2.last_step": "7"}).info.run_id
+    elsewhere = client.create_run(exp, tags={"mlflow.parentRunId": other, "ragen2.trial_id": b.trial_id}).info.run_id
+
+    tracker = SweepTracker(uri, exp, parent, spec, {t.trial_id: t for t in trials})
+    tracker.set_state({"run_ids": {a.trial_id: "0" * 32, b.trial_id: elsewhere}})
+    sink_a, got_a = tracker._open(SimpleNamespace(trial_id="tune-a", config={"trial": a.trial_id}))
+    sink_b, got_b = tracker._open(SimpleNamespace(trial_id="tune-b", config={"trial": b.trial_id}))
+    assert (got_a, got_b) == (a, b)
+    assert sink_a.run_id == a_run and tracker.last_step[a.trial_id] == 7   # found by its tag under this sweep run
+    assert sink_b.run_id not in (elsewhere, "0" * 32)                      # another sweep run's: a new run here
+    assert client.get_run(sink_b.run_id).data.tags["mlflow.parentRunId"] == parent
+    assert tracker.get_state()["run_ids"] == {a.trial_id: a_run, b.trial_id: sink_b.run_id}
