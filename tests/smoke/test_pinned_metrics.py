@@ -30,6 +30,11 @@ NOISY = ("time/", "perf/")
 # apart by up to 0.45 % (a near-zero pg_loss) through float summation order, so they are held to 1 %.
 TOLERANCE = {1: dict(rel=1e-5, abs=1e-6)}
 LATER = dict(rel=1e-2, abs=1e-4)
+# A z-score divides the MI's distance from its permutation null by the null's spread, about 2e-3
+# nats in the filtering case, so the MI's float32 difference between CPUs is multiplied by ~500
+# there: on an AMD EPYC that case's step-1 MI is 1.7e-7 nats from its pin and its permutation
+# z-score 9.5e-5. Step-1 z-scores are held to the MI's 1e-6 scaled the same way.
+ZSCORE_AT_STEP_1 = dict(rel=1e-5, abs=5e-4)
 
 
 @pytest.fixture(scope="module")
@@ -54,4 +59,5 @@ def test_metrics_match_the_loop_before_the_refactor(tmp_path, cache, case, monke
             if isinstance(value, float) and math.isnan(value):
                 assert math.isnan(now[key]), (case, step, key)
             else:
-                assert now[key] == pytest.approx(value, **TOLERANCE.get(step, LATER)), (case, step, key)
+                tol = ZSCORE_AT_STEP_1 if step == 1 and "zscore" in key else TOLERANCE.get(step, LATER)
+                assert now[key] == pytest.approx(value, **tol), (case, step, key)
