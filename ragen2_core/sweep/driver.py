@@ -29,7 +29,7 @@ from pathlib import Path
 from ragen2_core.atomic import write_text_atomic
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
-from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, preview_spec, spec_hash,
+from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, preview_spec, run_order, spec_hash,
                                       sweep_preflight, too_many, trial_config)
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -232,7 +232,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
         run_config.callbacks, run_config.stop = [tracker, progress], stopper
         no_reused_workers(exp_dir)
     else:
-        todo = [t for t in trials if t.trial_id not in finished]  # state lost before Tune saved it: MLflow knows
+        todo = [t for t in run_order(spec, trials) if t.trial_id not in finished]  # no Tune state: MLflow knows
         if spec.search.kind == "optuna":
             space = {"trial": trials[0].trial_id, "sample": optuna_space(spec)}
         else:

@@ -156,6 +156,16 @@ def expand(spec: SweepSpec) -> list[Trial]:
     return list(iter_trials(spec))
 
 
+def run_order(spec: SweepSpec, trials: list[Trial]) -> list[Trial]:
+    """The order trials start in: seed by seed, each seed's block holding every arm and cell in
+    expansion order. A sweep cut short then holds whole blocks, each cell with the same seeds, and
+    whatever changes while it runs (the machine it resumes on, the load beside it) falls on every
+    arm alike instead of on the arms that happen to run last: the seeds are the blocks of a block
+    design."""
+    rank = {seed: i for i, seed in enumerate(spec.seeds)}
+    return sorted(trials, key=lambda t: rank.get(t.seed, len(rank)))
+
+
 def validate_trials(spec: SweepSpec, trials: list[Trial], err: Optional[SpecErrors] = None) -> None:
     """Build every trial's training config; raise SpecError with every distinct problem, located."""
     err = err or SpecErrors(str(spec.path), spec.text)

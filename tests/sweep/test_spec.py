@@ -9,7 +9,7 @@ import yaml
 from ragen2_core.config import load_config
 from ragen2_core.sweep.driver import dry_run, trial_table
 from ragen2_core.sweep.spec import SpecError, read_spec
-from ragen2_core.sweep.trials import expand, load_spec, spec_hash, trial_config
+from ragen2_core.sweep.trials import expand, load_spec, run_order, spec_hash, trial_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = ROOT / "sweeps" / "base" / "frozenlake_tiny.yaml"
@@ -47,6 +47,19 @@ def test_axes_zip_arms_seeds_expand_to_their_product(tmp_path):
     assert cfg.train.output_dir == str(tmp_path / "runs" / "t" / "trials" / paper.trial_id)
     spec.instance = "2026-01-01_00-00-00"
     assert trial_config(spec, paper).train.output_dir == str(tmp_path / "runs" / "t" / spec.instance / "trials" / paper.trial_id)
+
+
+def test_trials_run_seed_by_seed_each_block_holding_every_cell(tmp_path):
+    spec, trials = load_spec(write(tmp_path, {"axes": {"algo.kl_coef": [0.0, 0.1]},
+                                              "arms": {"a": {}, "b": {"algo.entropy_coef": 0.0}}, "seeds": [7, 3]}))
+    # expansion: arm, then axis value, then seed; runs: seed (in the spec's order), then the same
+    assert [(t.arm, t.values["algo.kl_coef"], t.seed) for t in trials] == [
+        ("a", 0.0, 7), ("a", 0.0, 3), ("a", 0.1, 7), ("a", 0.1, 3),
+        ("b", 0.0, 7), ("b", 0.0, 3), ("b", 0.1, 7), ("b", 0.1, 3)]
+    assert [(t.arm, t.values["algo.kl_coef"], t.seed) for t in run_order(spec, trials)] == [
+        ("a", 0.0, 7), ("a", 0.1, 7), ("b", 0.0, 7), ("b", 0.1, 7),
+        ("a", 0.0, 3), ("a", 0.1, 3), ("b", 0.0, 3), ("b", 0.1, 3)]
+    assert run_order(spec, trials[:3]) == [trials[0], trials[2], trials[1]]  # what is left keeps it
 
 
 def test_trial_ids_are_stable_and_ignore_unrelated_changes(tmp_path):
