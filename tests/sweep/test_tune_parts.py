@@ -3,12 +3,17 @@ the saved state a resumed instance restores."""
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
 
 from ragen2_core.sweep.driver import no_reused_workers, summarize, to_text
+from ragen2_core.sweep.tracker import SweepTracker
 from ragen2_core.sweep.trainable import CollapseStopper, TuneSink
+from ragen2_core.sweep.trials import load_spec
+from ragen2_core.tracking.mlflow_sink import ensure_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,14 +101,6 @@ def test_a_trial_run_remembered_from_another_store_is_looked_up_by_its_tag(tmp_p
     # Tune's saved state keeps the tracker's trial -> MLflow run map. Resumed against another store
     # (the folder kept, the store moved or restored from an archive) those run ids are not there,
     # or belong to another sweep run: the trial's run is found by its trial id tag, else made anew.
-    from types import SimpleNamespace
-
-    import yaml
-
-    from ragen2_core.sweep.trials import load_spec
-    from ragen2_core.sweep.tracker import SweepTracker
-    from ragen2_core.tracking.mlflow_sink import ensure_experiment
-
     path = tmp_path / "moved.yaml"
     path.write_text(yaml.safe_dump({"name": "moved", "base": str(ROOT / "sweeps" / "base" / "frozenlake_tiny.yaml"),
                                     "arms": {"a": {}, "b": {"algo.kl_coef": 0.01}}, "storage": str(tmp_path / "runs")}))
