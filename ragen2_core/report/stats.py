@@ -27,6 +27,7 @@ Probability of improvement, IQM, stratified bootstrap and performance profiles f
 """
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -257,11 +258,24 @@ def permutation_p(x, y, *, n_resamples: int = 9999, seed: int = SEED) -> Optiona
         return None
     if np.ptp(np.concatenate([a, b])) == 0:
         return 1.0  # every relabelling gives the same difference: no evidence at all
+    if min(len(a), len(b)) == 1:
+        return _exact_permutation_p(a, b)  # scipy refuses a sample of one; its partitions are few
     exact = math.comb(len(a) + len(b), len(a)) <= n_resamples
     res = _quiet(sps.permutation_test, (a, b), _mean_diff, permutation_type="independent",
                  vectorized=True, alternative="two-sided", n_resamples=np.inf if exact else n_resamples,
                  rng=np.random.default_rng(seed))
     return float(res.pvalue)
+
+
+def _exact_permutation_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Every split of the pooled values into groups of len(a) and len(b); two-sided as scipy's
+    permutation_test defines it: twice the smaller tail, ties (to its relative 1e-14) counted in."""
+    pooled = np.concatenate([a, b])
+    observed = a.mean() - b.mean()
+    null = np.array([pooled[list(idx)].mean() - np.delete(pooled, list(idx)).mean()
+                     for idx in itertools.combinations(range(len(pooled)), len(a))])
+    gamma = abs(1e-14 * observed)
+    return float(min(1.0, 2 * min(np.mean(null >= observed - gamma), np.mean(null <= observed + gamma))))
 
 
 def smallest_p(n_x: int, n_y: int) -> Optional[float]:

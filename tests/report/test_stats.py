@@ -67,6 +67,19 @@ def test_permutation_p_exact_tiny_case():
     assert stats.permutation_p([1, 1], [1, 1]) == 1.0
 
 
+def test_permutation_p_with_a_sample_of_one():
+    # x = 3, y = 0 1 2: the 4 splits put one of 3, 0, 1, 2 alone; its mean minus the other three's:
+    # 3 - 1 = 2 (observed), 0 - 2 = -2, 1 - 5/3 = -2/3, 2 - 4/3 = 2/3. P(null >= 2) = 1/4,
+    # P(null <= 2) = 1, so the two-sided p = 2 * 1/4 = 0.5, either way round.
+    assert stats.permutation_p([3], [0, 1, 2]) == pytest.approx(0.5)
+    assert stats.permutation_p([0, 1, 2], [3]) == pytest.approx(0.5)
+    # one against one: 2 splits, the observed and its mirror, p = 2 * 1/2 = 1
+    assert stats.permutation_p([0.6], [0.7]) == pytest.approx(1.0)
+    # the same as scipy gives where it accepts the samples: 2 against 3
+    assert stats.permutation_p([3, 4], [0, 1, 2]) == pytest.approx(stats._exact_permutation_p(
+        np.array([3.0, 4.0]), np.array([0.0, 1.0, 2.0])))
+
+
 def test_spearman_by_hand():
     # ranks x = 1 2 3 4, y = 1 3 2 4: d = 0 -1 1 0, sum d^2 = 2; rho = 1 - 6*2 / (4 * 15) = 0.8
     r = stats.spearman_ci([1, 2, 3, 4], [1, 3, 2, 4])
