@@ -30,15 +30,13 @@ for s in "${sweeps[@]}"; do
   # started = an instance folder under the spec's storage, or a sweep run in its MLflow store
   started=$("$PY" -c 'import sys
 from mlflow.tracking import MlflowClient
+from ragen2_core.sweep.driver import sweep_runs
 from ragen2_core.sweep.instances import known_instances
 from ragen2_core.sweep.spec import read_spec
-from ragen2_core.tracking.mlflow_sink import default_tracking_uri, search_all_runs
+from ragen2_core.tracking.mlflow_sink import default_tracking_uri
 spec = read_spec(sys.argv[1])
 client = MlflowClient(spec.tracking.uri or default_tracking_uri())
-exp = client.get_experiment_by_name(spec.experiment)
-runs = search_all_runs(client, exp.experiment_id) if exp else []
-parents = [r for r in runs if r.data.tags.get("ragen2.role") == "sweep"]
-print(int(bool(known_instances(spec, parents))))' "$spec")
+print(int(bool(known_instances(spec, sweep_runs(client, spec)))))' "$spec")
   if [ "$started" = 0 ] && [ -f "$partial" ]; then
     echo "[study] $s: restoring its finished trials from $partial"
     "$PY" reports/restore.py "$partial"

@@ -145,6 +145,14 @@ def write_report(uri: str, spec: SweepSpec, parent, out: Path) -> Path | None:
     return pdf
 
 
+def sweep_runs(client, spec: SweepSpec) -> list:
+    """The spec's sweep runs in its MLflow experiment, one per instance this store knows."""
+    from ragen2_core.sweep.tracker import find_runs
+
+    exp = client.get_experiment_by_name(spec.experiment)
+    return find_runs(client, exp.experiment_id, ragen2__role="sweep", ragen2__sweep=spec.name) if exp else []
+
+
 def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None, progress_every: float = 30.0,
               report_out: Path | None = None) -> int:
     """resume: None starts a new instance; LATEST or an instance id continues that instance."""
@@ -161,8 +169,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     uri = spec.tracking.uri or default_tracking_uri()
     client = MlflowClient(uri)
     digest = spec_hash(spec)
-    exp = client.get_experiment_by_name(spec.experiment)
-    parents = find_runs(client, exp.experiment_id, ragen2__role="sweep", ragen2__sweep=spec.name) if exp else []
+    parents = sweep_runs(client, spec)
     old = None
     if resume is not None:
         known = known_instances(spec, parents)
