@@ -228,7 +228,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     steps = {t.trial_id: trial_config(spec, t).train.steps for t in trials}
     tracker = SweepTracker(uri, parent.experiment_id, parent.run_id, spec, by_id)
     total = spec.search.samples if spec.search.kind == "optuna" else len(trials)
-    progress = Progress(spec, by_id, total=total, steps=steps, every_s=progress_every)
+    progress = Progress(spec, by_id, total=total, steps=steps, finished=finished, every_s=progress_every)
     stopper = CollapseStopper(spec.stopper.metric, spec.stopper.below, spec.stopper.patience) if spec.stopper else None
     name_of = lambda trial: resolve(spec, by_id, trial.config).trial_id  # noqa: E731 (Tune wants a callable)
 
@@ -255,7 +255,6 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
             run_config=tune.RunConfig(
                 name=spec.instance, storage_path=str(spec.sweep_root), stop=stopper, callbacks=[tracker, progress],
                 failure_config=tune.FailureConfig(max_failures=spec.max_failures), verbose=0, log_to_file=True))
-        progress.done_before = len(finished)
     interrupted = False
     try:
         tuner.fit()  # Tune turns Ctrl-C into a clean stop that saves its state

@@ -28,13 +28,16 @@ def _fmt(v) -> str:
 
 class Progress(Callback):
     def __init__(self, spec: SweepSpec, trials: dict[str, Trial], total: int, steps: dict[str, int],
-                 done_before: int = 0, every_s: float = 30.0, stream=None):
+                 finished: frozenset[str] = frozenset(), every_s: float = 30.0, stream=None):
         self.spec, self.trials, self.total, self.steps = spec, trials, total, steps
         self.every_s, self.stream = every_s, stream
         self.latest: dict[str, dict] = {}      # our trial id -> latest value of each shown key
         self.counts: dict[str, int] = {}       # Tune status -> trials (restored finished ones included)
         self.running: list[str] = []           # our ids of the running trials
-        self.done_before = done_before         # finished before a resume that Tune's state did not see
+        self.terminated: set[str] = set()      # our ids of the trials Tune has finished
+        # Finished before this run, as MLflow knows them: a resume that began without Tune's state
+        # holds only the trials left then, so Tune's own count misses the ones finished before it.
+        self.finished = frozenset(finished)
         self.best: tuple[float, str] | None = None
         self.t0 = self.last_print = time.monotonic()
 
@@ -53,6 +56,7 @@ class Progress(Callback):
         for s in status:
             self.counts[s] = self.counts.get(s, 0) + 1
         self.running = [self._id(t) for t, s in zip(trials, status) if s == "RUNNING"]
+        self.terminated = {self._id(t) for t, s in zip(trials, status) if s == "TERMINATED"}
 
     def on_trial_start(self, iteration, trials, trial, **info):
         tid = self._id(trial)
@@ -83,7 +87,7 @@ class Progress(Callback):
         self._end(trials, trial, "failed")
 
     def headline(self) -> str:
-        done = self.counts.get("TERMINATED", 0) + self.done_before
+        done = len(self.terminated | self.finished)
         running, failed = self.counts.get("RUNNING", 0), self.counts.get("ERROR", 0)
         pending = max(0, self.total - done - running - failed)
         best = f"{self.spec.metric} {self.best[0]:.3g} ({self.best[1]})" if self.best else f"{self.spec.metric} -"
