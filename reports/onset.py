@@ -26,6 +26,7 @@ Exit status: 0 printed; 2 an unknown experiment or a bad archive.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from pathlib import Path
 
@@ -65,6 +66,13 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every sweep opened before anything is printed
         calibration = [read(n) for n in args.calibrate_on]
         named = [read(n) for n in args.experiments]
+        for sweep in named if args.curve else []:
+            logged = {m for t in sweep.trials for m in t.history}
+            if args.curve not in logged:
+                near = difflib.get_close_matches(args.curve, sorted(logged), n=3, cutoff=0.6)
+                raise ValueError(f"--curve {args.curve!r}: no trial of {sweep.experiment} logged it; "
+                                 + (f"did you mean {', '.join(near)}?" if near else
+                                    f"it logged {', '.join(sorted(logged))}"))
     except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)
         return 2

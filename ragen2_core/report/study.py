@@ -315,6 +315,10 @@ def main(argv: list[str] | None = None) -> int:
                                  f"({', '.join(s.experiment for s in sweeps)}); name it there too, so its cells "
                                  "are tabled with the rest")
             reference = found[0]
+        arms = sorted({arm for s in sweeps for arm in s.arms})
+        if args.baseline not in arms:
+            raise ValueError(f"--baseline {args.baseline!r} is no arm of the sweeps named; their arms: "
+                             f"{', '.join(arms)}. Name one of them, e.g. --baseline {arms[0]}")
         compared = comparison_rows(sweeps, reference, args.baseline)
     except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)

@@ -65,6 +65,9 @@ def test_study_and_power_read_archives(saved, capsys):
     # conditions make it no reference, which is the error expected (not "not among the sweeps")
     assert script("study").main(["--reference", EXPERIMENT, str(path)]) == 2
     assert "2 conditions" in capsys.readouterr().err
+    assert script("study").main(["--baseline", "nofilterr", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "--baseline 'nofilterr' is no arm" in captured.err and "filter, nofilter" in captured.err
 
 
 def test_bad_archives_are_named(tmp_path):

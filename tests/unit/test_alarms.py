@@ -187,3 +187,14 @@ def test_onset_script_names_a_bad_calibration_sweep_before_printing(tmp_path, ca
     assert onset.main(["--calibrate-on", missing, str(ROOT / "docs/data/mechanism/p1_shaped.json.gz")]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "missing.json.gz" in captured.err
+
+
+def test_onset_script_names_a_curve_no_trial_logged_with_the_nearest(capsys):
+    onset = _onset_script()
+    p1 = str(ROOT / "docs/data/mechanism/p1_shaped.json.gz")
+    assert onset.main(["--curve", "actor/entropyy", p1]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "no trial of p1_shaped logged it; did you mean actor/entropy?" in captured.err
+    assert onset.main(["--curve", "zzz", p1]) == 2
+    err = capsys.readouterr().err
+    assert "it logged " in err and "collapse/mi" in err  # no near name: every metric it logged
