@@ -124,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     except (UnknownExperiment, BadArchive, ValueError) as e:
         print(e, file=sys.stderr)
         return 2
+    validated = sorted({s for t in sweep.trials for s in t.curve(SUCCESS)[0]})
+    if args.at_step is not None and args.at_step not in validated:
+        print(f"--at-step {args.at_step}: no trial of {sweep.experiment} was validated then; it validated at "
+              f"steps {', '.join(map(str, validated)) or 'none'}", file=sys.stderr)
+        return 2
     when = f"at step {args.at_step}" if args.at_step else "at the last validation"
     print(f"Power plan from `{args.experiment}` (`{SUCCESS}` {when}): {args.seeds} seeds per arm, "
           f"{args.episodes} validation episodes per trial, two-sided t-test at {args.alpha}, power {args.power}; "

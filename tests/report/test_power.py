@@ -1,4 +1,6 @@
 """The power plan (ragen2 power) from pilot finals, with the numbers derived by hand."""
+from pathlib import Path
+
 import pytest
 
 from ragen2_core.report import power
@@ -42,3 +44,12 @@ def test_bad_arguments_exit_2_before_reading_anything(capsys, tmp_path):
     err = capsys.readouterr().err
     assert "--seeds 1: must be >= 2" in err and "--mde 2.0: must be in (0, 1)" in err
     assert not (tmp_path / "none.db").exists()
+
+
+def test_a_step_never_validated_is_named_with_the_steps_that_were(capsys):
+    p1 = Path(__file__).resolve().parents[2] / "docs" / "data" / "mechanism" / "p1_shaped.json.gz"
+    assert power.main([str(p1), "--at-step", "50"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "--at-step 50: no trial of p1_shaped was validated then; it validated at steps 20, 40, 60, 80" in captured.err
+    assert power.main([str(p1), "--at-step", "40"]) == 0 and "| nofilter | all | 2 | 300 |" in capsys.readouterr().out
