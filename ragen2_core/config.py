@@ -495,7 +495,7 @@ class GradProbeConfig:
 
 @dataclasses.dataclass
 class TrainLoopConfig:
-    steps: int = opt(100, "RL steps", ge=0)
+    steps: int = opt(100, "RL steps (`ragen2 eval` plays a policy without training)", ge=1)
     seed: int = opt(0, "global seed", ge=0, le=MAX_SEED)
     eval_every: int = opt(10, "validate every N steps; 0 = never", ge=0)
     eval_greedy: bool = opt(True, "validate greedily; false samples as the rollout does (seeded, the same "

@@ -285,6 +285,13 @@ def test_objective_fields():
     assert "algo.clip_ratio_c: 1.0 is out of range; it must be > 1" in str(e.value)
 
 
+def test_a_run_of_no_steps_is_refused():
+    # 0 steps once trained nothing and logged a run whose success was NaN; `ragen2 eval` plays a policy
+    with pytest.raises(ConfigError, match=r"train.steps: 0 is out of range; it must be >= 1"):
+        load_config(None, ["train.steps=0"])
+    assert load_config(None, ["train.steps=1"]).train.steps == 1
+
+
 def test_config_error_survives_pickling():
     # Raised inside a Ray worker, it travels pickled; the list of errors must come back whole.
     import pickle
