@@ -90,6 +90,11 @@ def cmd_eval(cfg, args) -> int:
     from ragen2_core.train.preflight import eval_preflight
 
     problems = eval_preflight(cfg)
+    if args.episodes < 0 or args.episodes > cfg.env.val_seeds:
+        problems.append(f"--episodes {args.episodes}: the validation set holds env.val_seeds={cfg.env.val_seeds} "
+                        f"seeds; give 0 (all) to {cfg.env.val_seeds}, or a larger set with --set env.val_seeds=N")
+    if args.show < 0:
+        problems.append(f"--show {args.show}: the trajectories to print, >= 0")
     if problems:
         return _refuse("eval", problems)
     from ragen2_core.envs.registry import env_factory

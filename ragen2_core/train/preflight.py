@@ -71,6 +71,10 @@ def report_problems(uri: str, outputs: dict[str, str | None]) -> list[str]:
     problems = [problem] if problem else []
     for flag, path in outputs.items():
         problems += output_problems(path, flag, is_file=flag == "--out") if path else []
+    out = outputs.get("--out")
+    if out and Path(out).suffix.lower() != ".pdf":
+        # the tables go beside it, named after its stem: another suffix would hide what the file is
+        problems.append(f"--out {out}: the report is a PDF; name it *.pdf, e.g. --out {Path(out).with_suffix('.pdf')}")
     return problems
 
 

@@ -57,6 +57,13 @@ def test_an_empty_model_folder_is_refused_by_train_and_eval(cwd, capsys):
     assert contents(cwd) == ["model"]
 
 
+def test_eval_refuses_more_episodes_than_the_validation_set_and_a_negative_show(cwd, capsys):
+    assert cli(["eval", "--set", "env.val_seeds=50", "--episodes", "60", "--show", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--episodes 60: the validation set holds env.val_seeds=50 seeds" in err and "--set env.val_seeds=N" in err
+    assert "--show -1:" in err and contents(cwd) == []
+
+
 def test_a_garbage_model_folder_is_refused(cwd, capsys):
     model = cwd / "model"
     model.mkdir()
@@ -198,6 +205,12 @@ def test_an_output_folder_inside_git_is_refused(cwd, capsys):
     assert err.count(f"lies inside the git directory {cwd / 'repo' / '.git'}") == 3
     assert "train.output_dir: " in err and "--out: " in err and "choose a folder outside it" in err
     assert contents(cwd) == before
+
+
+def test_a_report_not_named_pdf_is_refused(cwd, capsys):
+    assert report_cli(["--experiment", "x", "--out", "report.txt"]) == 2
+    assert "--out report.txt: the report is a PDF; name it *.pdf, e.g. --out report.pdf" in capsys.readouterr().err
+    assert contents(cwd) == []
 
 
 def test_warmstart_refuses_a_cache_inside_git_and_a_missing_data_file(cwd, capsys):
