@@ -6,6 +6,7 @@
     ragen2 study --reference filter_vs_nofilter filter_vs_nofilter kl_vs_filter annealing
     ragen2 study --reference filter_vs_nofilter --figures docs/figures/doors \
         docs/data/doors/filter_vs_nofilter.json.gz docs/data/doors/env_noise.json.gz
+    ragen2 study --reference shaped_noise --reference-condition env.slip=0 --figures DIR shaped_noise.json.gz
 
 Per sweep and cell: final validation success, and how each diagnostic moved from the first quarter
 of its logged values to the last quarter (each trial's own change, then the mean over seeds with a
@@ -20,7 +21,9 @@ t-corrected), and the differences in late MI, entropy, kept fraction and final t
 With `--reference`, also each arm's effect under each condition minus its effect in the
 reference (a difference of differences over four cells, with its interval and MDE): does the
 condition change the arm's effect (Q4: does noise shrink the filter's gain)? `--figures DIR` draws
-the same against each swept axis, the reference's cells joined at their value of it.
+the same against each swept axis, the reference's cells joined at their value of it. A sweep that
+holds its default cells itself (slip 0 among its slips) is its own reference with
+`--reference-condition`: its other conditions are compared with those cells, never a cell with itself.
 Then, pooled over every finished trial of the named sweeps, Spearman's rho between each predictor's
 last value and final success (paired bootstrap interval), the across-sweep version of the
 per-report predictor page; beside it the same rho within cells (each trial's predictor and success
@@ -30,6 +33,7 @@ between seeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from pathlib import Path
@@ -64,6 +68,23 @@ def change(trial, metric: str):
 def cell(sweep, arm: str, cond: str) -> list:
     """A cell's finished trials."""
     return [t for t in sweep.cell(arm, cond) if usable(t, False)]
+
+
+def same(xs: list, ys: list) -> bool:
+    """Two cells holding the same runs (a sweep's own cells and the reference drawn from them)."""
+    return {t.run_id for t in xs} == {t.run_id for t in ys}
+
+
+def reference_cells(sweep, condition: str):
+    """The cells of `sweep` under one `condition`, as a one-condition reference: where a sweep holds
+    its default cells itself (shaped_noise's slip 0), its other conditions are compared with them."""
+    if condition not in sweep.conditions:
+        raise ValueError(f"--reference-condition {condition!r}: {sweep.experiment} has no such condition; its "
+                         f"conditions: {', '.join(sweep.conditions)}")
+    return dataclasses.replace(
+        sweep, experiment=f"{sweep.experiment} at {condition}",
+        trials=[dataclasses.replace(t, condition="all") for t in sweep.trials if t.condition == condition],
+        expected=[e | {"condition": "all"} for e in sweep.expected if e["condition"] == condition])
 
 
 def cell_rows(sweep) -> list[str]:
@@ -115,7 +136,8 @@ def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]
         conds = reference.conditions or ["all"]
         if len(conds) != 1:
             raise ValueError(f"--reference {reference.experiment}: has {len(conds)} conditions ({', '.join(conds)}); "
-                             "a reference holds the default cells under one condition. Name the sweep that does.")
+                             "a reference holds the default cells under one condition. Name the sweep that does, "
+                             f"or the condition of this one that holds them: --reference-condition {conds[0]}")
         ref_cond = conds[0]
     out = []
     for sweep in sweeps:
@@ -130,7 +152,8 @@ def pairs(sweeps, reference, baseline: str) -> list[tuple[str, str, list, list]]
                 elif arm != baseline and ref_cond is not None and cell(reference, baseline, ref_cond):
                     out.append((sweep.experiment, f"{arm}{under(cond)} vs {baseline} of {reference.experiment}",
                                 trials, cell(reference, baseline, ref_cond)))
-                if reference is not None and sweep is not reference and cell(reference, arm, ref_cond):
+                if (reference is not None and sweep is not reference and cell(reference, arm, ref_cond)
+                        and not same(trials, cell(reference, arm, ref_cond))):
                     out.append((sweep.experiment, f"{arm}{under(cond)} vs {arm} of {reference.experiment}",
                                 trials, cell(reference, arm, ref_cond)))
     return out
@@ -185,8 +208,8 @@ def interaction_rows(sweeps, reference, baseline: str = "nofilter") -> list[str]
             for arm in sweep.arms:
                 cells = [finals(sweep, arm, cond), finals(sweep, baseline, cond),
                          finals(reference, arm, ref_cond), base_ref]
-                if arm == baseline or not all(cells):
-                    continue
+                if arm == baseline or not all(cells) or same(cell(sweep, arm, cond), cell(reference, arm, ref_cond)):
+                    continue  # no effect to compare, or the reference's own cells (their effect minus itself)
                 sd = pooled_sd(*cells)
                 n = min(len(c) for c in cells)
                 mde = (stats.fmt(100 * stats.min_detectable_difference(sd, n, t=True, cells=4), 1)
@@ -205,7 +228,8 @@ def axis_effects(sweep, reference, key: str, baseline: str = "nofilter") -> dict
     a number."""
     if list(sweep.axes) != [key]:
         return None
-    trials = [t for t in [*reference.trials, *sweep.trials] if usable(t, False)]
+    joined = {t.run_id: t for t in [*reference.trials, *sweep.trials]}  # a reference drawn from the sweep
+    trials = [t for t in joined.values() if usable(t, False)]
     ref_values = {axis_value(t, key) for t in reference.trials if usable(t, False)}
     if len(ref_values) != 1 or not all(is_number(axis_value(t, key)) for t in trials):
         return None
@@ -296,10 +320,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("experiments", nargs="+", help="sweep names (MLflow experiments) or archives (*.json.gz)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else ./mlflow.db)")
     parser.add_argument("--reference", help="the sweep holding the default cells (a name among the sweeps, or a file)")
+    parser.add_argument("--reference-condition", metavar="COND",
+                        help="with --reference: its cells under this condition are the default cells, where the "
+                             "reference sweep varies an axis itself (e.g. --reference shaped_noise "
+                             "--reference-condition env.slip=0)")
     parser.add_argument("--baseline", default="nofilter", help="the arm others are compared with (default: nofilter)")
     parser.add_argument("--figures", metavar="DIR", help="with --reference: draw success and each arm's effect "
                         "against every numeric axis, the reference's cells joined (DIR/SWEEP-AXIS.png)")
     args = parser.parse_args(argv)
+    if args.reference_condition and args.reference is None:
+        parser.error("--reference-condition names a condition of the --reference sweep: name that sweep too, "
+                     "e.g. --reference shaped_noise --reference-condition env.slip=0")
     if args.figures and args.reference is None:
         parser.error("--figures draws each axis with the reference's cells joined: name the sweep holding "
                      "the default cells with --reference (e.g. --reference filter_vs_nofilter)")
@@ -315,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"({', '.join(s.experiment for s in sweeps)}); name it there too, so its cells "
                                  "are tabled with the rest")
             reference = found[0]
+            if args.reference_condition:
+                reference = reference_cells(reference, args.reference_condition)
         arms = sorted({arm for s in sweeps for arm in s.arms})
         if args.baseline not in arms:
             raise ValueError(f"--baseline {args.baseline!r} is no arm of the sweeps named; their arms: "

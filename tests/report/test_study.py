@@ -56,9 +56,11 @@ def test_comparisons_against_a_reference_sweep(tmp_path):
     row = next(r for r in rows if "nofilter (algo.kl_coef=0.01) vs nofilter of defaults" in r)
     # nofilter at kl 0.01 (0.25 every seed) against the reference's nofilter (0.2, 0.3, 0.4): -5.0 points
     assert row.split("|")[4].strip().startswith("-5.0 [")
-    # every cell of the swept sweep is compared with the reference's cell of its arm; the reference
+    # every cell of the swept sweep is compared with the reference's cell of its arm, but for its kl 0
+    # cells, which are the reference's own runs (a cell against itself says nothing); the reference
     # with itself only arm against baseline
-    assert sum("of defaults" in r for r in rows) == 4 and sum(r.startswith("| defaults |") for r in rows) == 1
+    assert sum("of defaults" in r for r in rows) == 2 and sum(r.startswith("| defaults |") for r in rows) == 1
+    assert not any("(algo.kl_coef=0) vs" in r for r in rows if "of defaults" in r)
     two = copy.deepcopy(sweep)
     with pytest.raises(ValueError, match="2 conditions"):
         study.comparison_rows([two], two)
@@ -119,12 +121,48 @@ def test_effect_against_the_reference_effect(tmp_path, capsys):
     # 0.02, 0.02 -> sqrt(0.105 / (12 - 4)) = 0.11456; MDE on 8 df: (2.3060 + 0.8889) * 0.11456 *
     # sqrt(4 / 3) = 0.4227 -> 42.3 points
     assert cells[3] == "3 + 3 + 3 + 3" and cells[4].startswith("0.0 [") and cells[5] == "42.3"
-    # the kl 0 cells are the reference's own: the effect minus itself is 0, its interval (each copy
-    # resampled on its own) straddles it
-    same = next(line for line in section
-                if line.startswith(f"| {EXPERIMENT} | filter vs nofilter (algo.kl_coef=0) |"))
-    value, low, high = (float(v) for v in same.split("|")[5].replace("[", "").replace("]", "").replace(",", "").split())
-    assert value == 0.0 and low < 0 < high
+    # the kl 0 cells are the reference's own runs: their effect minus itself is no comparison
+    assert not any(line.startswith(f"| {EXPERIMENT} | filter vs nofilter (algo.kl_coef=0) |") for line in section)
+
+
+def test_a_sweep_holding_its_default_cells_is_its_own_reference(tmp_path, capsys):
+    """--reference-condition: the kl 0 cells of the fixture itself, with no copy made by hand, give
+    the numbers derived above and draw the axis figure."""
+    uri = write_sweep(tmp_path)
+    figs = tmp_path / "figs"
+    assert study.main(["--tracking-uri", uri, "--reference", EXPERIMENT, "--reference-condition", "algo.kl_coef=0",
+                       "--figures", str(figs), EXPERIMENT]) == 0
+    out = capsys.readouterr().out
+    reference = f"{EXPERIMENT} at algo.kl_coef=0"
+    section = out.split(f"### each arm's effect against its effect in {reference}")[1].split("###")[0]
+    rows = [line for line in section.splitlines() if line.startswith(f"| {EXPERIMENT} |")]
+    assert len(rows) == 1 and "| filter vs nofilter (algo.kl_coef=0.01) |" in rows[0]
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[3] == "3 + 3 + 3 + 3" and cells[4].startswith("0.0 [") and cells[5] == "42.3"
+    # the condition's effect per arm: nofilter 0.25 vs 0.3 at kl 0 -> -5.0 points
+    row = next(line for line in out.splitlines() if f"| nofilter (algo.kl_coef=0.01) vs nofilter of {reference} |" in line)
+    assert row.split("|")[4].strip().startswith("-5.0 [")
+    assert not any(f"(algo.kl_coef=0) vs filter of {reference}" in line for line in out.splitlines())
+    assert [p.name for p in figs.iterdir()] == [f"{EXPERIMENT}-algo.kl_coef.png"]
+    # drawn from the sweep and the reference cut from it, each trial once: 3 seeds at each value
+    from ragen2_core.report.collect import collect
+    sweep = collect(uri, EXPERIMENT)
+    effects = study.axis_effects(sweep, study.reference_cells(sweep, "algo.kl_coef=0"), "algo.kl_coef")
+    assert {x: len(v) for x, v in effects["arms"]["filter"]["finals"].items()} == {0.0: 3, 0.01: 3}
+    assert [round(e.value, 6) for e in effects["arms"]["filter"]["effect"]] == [0.3, 0.3]
+
+
+def test_a_reference_condition_the_sweep_lacks_is_named(tmp_path, capsys):
+    uri = write_sweep(tmp_path)
+    assert study.main(["--tracking-uri", uri, "--reference", EXPERIMENT, "--reference-condition", "algo.kl_coef=0.5",
+                       EXPERIMENT]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert ("--reference-condition 'algo.kl_coef=0.5': fixture_kl_vs_filter has no such condition; its conditions: "
+            "algo.kl_coef=0, algo.kl_coef=0.01") in captured.err
+    with pytest.raises(SystemExit) as e:
+        study.main(["--reference-condition", "algo.kl_coef=0", EXPERIMENT])
+    assert e.value.code == 2 and "name that sweep too" in capsys.readouterr().err
 
 
 def test_success_and_effect_against_an_axis(tmp_path, capsys):
