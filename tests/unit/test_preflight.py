@@ -331,7 +331,7 @@ def spec_file(where: Path, body: str, storage: str | None = None) -> Path:
     return path
 
 
-HUGE = "axes:\n" + "".join(f"  {k}: {list(range(1000))}\n" for k in ("train.steps", "rollout.top_k", "train.eval_every"))
+HUGE = "axes:\n" + "".join(f"  {k}: {list(range(1, 1001))}\n" for k in ("train.steps", "rollout.top_k", "train.eval_every"))
 
 
 @pytest.mark.timeout(60)
