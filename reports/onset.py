@@ -21,7 +21,7 @@ sweeps named (a sweep named both ways counts only as calibration). --per-trial a
 and the step each monitor fired. With --curve, also one metric's mean over consecutive windows of
 --window logged steps, per trial.
 
-Exit status: 0 printed; 2 an unknown experiment or a bad archive.
+Exit status: 0 printed; 2 an unknown experiment, a bad archive, or a --curve no trial logged (the nearest names said).
 """
 from __future__ import annotations
 

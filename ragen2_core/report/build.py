@@ -11,7 +11,8 @@
 
 Writes <out>.pdf, <stem>.json (summary) and <stem>.<table>.csv for table, comparisons, predictors,
 cost and trials. The sweep's latest instance is reported unless --instance names another.
-Exit status: 0 built; 2 unknown experiment or instance (the message lists those that exist).
+Exit status: 0 built; 2 unknown experiment or instance (the message lists those that exist), or a bad
+--tracking-uri or --out (not writable, inside git, not named .pdf).
 """
 from __future__ import annotations
 
