@@ -1,12 +1,8 @@
-"""Collapse monitors (report/alarms.py) on hand-made curves, and `reports/onset.py`'s monitor
-tables on the study archives kept in the repository."""
-import importlib.util
-from pathlib import Path
-
+"""Collapse monitors (report/alarms.py) on hand-made curves; `reports/onset.py` on the study
+archives is tests/report/test_onset_script.py."""
 from ragen2_core.report.alarms import (SCANS, Alarm, alarm_step, alarm_summary, calibrate, held_out_rows,
                                        picked_alarms, scan_rows, trial_alarm_rows)
 
-ROOT = Path(__file__).resolve().parents[2]
 Z, TEMPLATE = "collapse/mi_perm_zscore_ema", "rollout/template_frac"
 
 
@@ -140,61 +136,3 @@ def test_held_out_rows_judge_the_calibration_pick_on_other_trials():
 def test_scan_rows_list_every_threshold_of_every_family():
     rows = scan_rows(_trials([1], [3.2]))
     assert len(rows) == 2 + sum(len(v) for v in SCANS.values())
-
-
-def _onset_script():
-    spec = importlib.util.spec_from_file_location("onset", ROOT / "reports" / "onset.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_onset_script_calibrates_on_one_archive_and_judges_on_another(capsys):
-    """Real study data: the archives kept in docs/data/mechanism/."""
-    data = ROOT / "docs" / "data" / "mechanism"
-    onset = _onset_script()
-    assert onset.main(["--calibrate-on", str(data / "shaped_vs_filter.json.gz"),
-                       str(data / "p1_shaped.json.gz"), str(data / "shaped_vs_filter.json.gz")]) == 0
-    out = capsys.readouterr().out
-    assert "### Thresholds picked on shaped_vs_filter (30 finished trials), judged on 6 held-out" in out
-    # On shaped_vs_filter the release z-score EMA at 0.9 x its peak catches 14 of its 20 collapses
-    # with no false alarm in its 10 paper-filter trials; the absolute permutation levels catch none
-    # without false alarms.
-    assert ("| release z-score EMA, relative | `collapse/mi_zscore_ema` < 0.9 x its highest earlier reading, "
-            "3 in a row | 14 of 20, 3, 0 of 10 |") in out
-    assert "| permutation z-score EMA, absolute | none catches a collapse" in out
-    assert "| sweep | arm | seed |" not in out        # the per-trial table only when asked for
-
-
-def test_onset_script_per_trial_rows_add_up_to_the_held_out_counts(capsys):
-    data = ROOT / "docs" / "data" / "mechanism"
-    onset = _onset_script()
-    assert onset.main(["--calibrate-on", str(data / "shaped_vs_filter.json.gz"), "--per-trial",
-                       str(data / "p1_shaped.json.gz")]) == 0
-    out = capsys.readouterr().out
-    rows = [r for r in out.splitlines() if r.startswith("| p1_shaped |")]
-    assert len(rows) == 6                              # p1_shaped's six finished trials, one row each
-    # The release z-score pick is the first monitor column (both permutation families pick
-    # nothing): its held-out "caught" count is the rows whose cell reads "(lead".
-    summary = next(r for r in out.splitlines() if r.startswith("| release z-score EMA, relative |"))
-    caught = int(summary.split(" | ")[3].split(" of ")[0])
-    assert sum("(lead" in r.split(" | ")[4] for r in rows) == caught
-
-
-def test_onset_script_names_a_bad_calibration_sweep_before_printing(tmp_path, capsys):
-    onset = _onset_script()
-    missing = str(tmp_path / "missing.json.gz")
-    assert onset.main(["--calibrate-on", missing, str(ROOT / "docs/data/mechanism/p1_shaped.json.gz")]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "missing.json.gz" in captured.err
-
-
-def test_onset_script_names_a_curve_no_trial_logged_with_the_nearest(capsys):
-    onset = _onset_script()
-    p1 = str(ROOT / "docs/data/mechanism/p1_shaped.json.gz")
-    assert onset.main(["--curve", "actor/entropyy", p1]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == "" and "no trial of p1_shaped logged it; did you mean actor/entropy?" in captured.err
-    assert onset.main(["--curve", "zzz", p1]) == 2
-    err = capsys.readouterr().err
-    assert "it logged " in err and "collapse/mi" in err  # no near name: every metric it logged
