@@ -1,17 +1,21 @@
 """Live sweep progress on stdout, as a Tune callback (Tune's own reporter is silenced).
 
-    [sweep] 3/12 done, 2 running, 0 failed, 7 pending | best eval/success 0.42 (filter-1a2b3c4d) | 4m10s
+    [sweep] 3/12 done, 2 running, 0 failed, 7 pending | best eval/success 0.42 (filter-1a2b3c4d) | 4m10s, about 11m left
       trial               step   eval/success  collapse/mi  filter/kept_ratio
       nofilter-9f8e7d6c   12/40  0.31          0.52         1
       filter-1a2b3c4d     10/40  0.42          0.61         0.75
 
 A line when a trial starts, ends or fails; the table every `every_s` seconds while trials run.
+The time left is the steps still to run (running trials' rest, pending trials' whole length) at the
+rate this process has run steps since its first result. It comes out high where trials stop early,
+or where a pending trial will resume from a checkpoint.
 """
 from __future__ import annotations
 
 import math
 import sys
 import time
+from typing import Callable
 
 from ray.tune import Callback
 
@@ -26,9 +30,15 @@ def _fmt(v) -> str:
     return "-" if v is None else ("nan" if isinstance(v, float) and math.isnan(v) else f"{v:.3g}")
 
 
+def _span(seconds: float) -> str:
+    hours, minutes = divmod(math.ceil(seconds / 60), 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m"
+
+
 class Progress(Callback):
     def __init__(self, spec: SweepSpec, trials: dict[str, Trial], total: int, steps: dict[str, int],
-                 finished: frozenset[str] = frozenset(), every_s: float = 30.0, stream=None):
+                 finished: frozenset[str] = frozenset(), every_s: float = 30.0, stream=None,
+                 clock: Callable[[], float] = time.monotonic):
         self.spec, self.trials, self.total, self.steps = spec, trials, total, steps
         self.every_s, self.stream = every_s, stream
         self.latest: dict[str, dict] = {}      # our trial id -> latest value of each shown key
@@ -39,7 +49,11 @@ class Progress(Callback):
         # holds only the trials left then, so Tune's own count misses the ones finished before it.
         self.finished = frozenset(finished)
         self.best: tuple[float, str] | None = None
-        self.t0 = self.last_print = time.monotonic()
+        self.clock = clock
+        self.t0 = self.last_print = clock()
+        self.highest: dict[str, int] = {}      # our trial id -> highest step it reported in this process
+        self.stepped = 0                       # steps run here that were not a replay of one run before
+        self.first_result_at: float | None = None
 
     def _say(self, line: str) -> None:
         out = self.stream or sys.stdout
@@ -67,11 +81,35 @@ class Progress(Callback):
         tid = self._id(trial)
         row = self.latest.setdefault(tid, {})
         row.update({k: result[k] for k in COLUMNS + (self.spec.metric, "step") if k in result})
+        self._count_step(tid, result.get("step"))
         value = result.get(self.spec.metric)
         if isinstance(value, (int, float)) and not math.isnan(value):
             better = self.best is None or (value > self.best[0] if self.spec.mode == "max" else value < self.best[0])
             if better:
                 self.best = (float(value), tid)
+
+    def _count_step(self, tid: str, step) -> None:
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            return
+        step = int(step)
+        if self.first_result_at is None:
+            self.first_result_at = self.clock()
+        # A trial's first result here is one step (fresh, or the one after its checkpoint); a trial
+        # Tune restarts replays steps it has run, which bring the sweep no closer to its end.
+        before = self.highest.get(tid)
+        self.stepped += 1 if before is None else max(0, step - before)
+        self.highest[tid] = step if before is None else max(before, step)
+
+    def time_left(self, pending: int) -> float | None:
+        """Seconds to run the steps left, at this process's rate so far; None in its first minute."""
+        if self.first_result_at is None or self.stepped == 0:
+            return None
+        elapsed = self.clock() - self.first_result_at
+        if elapsed < 60:
+            return None
+        per_trial = sum(self.steps.values()) / len(self.steps) if self.steps else 0
+        left = pending * per_trial + sum(max(0, self.steps.get(t, 0) - self.highest.get(t, 0)) for t in self.running)
+        return left * elapsed / self.stepped
 
     def _end(self, trials, trial, status: str) -> None:
         tid = self._id(trial)
@@ -91,14 +129,16 @@ class Progress(Callback):
         running, failed = self.counts.get("RUNNING", 0), self.counts.get("ERROR", 0)
         pending = max(0, self.total - done - running - failed)
         best = f"{self.spec.metric} {self.best[0]:.3g} ({self.best[1]})" if self.best else f"{self.spec.metric} -"
-        minutes, seconds = divmod(int(time.monotonic() - self.t0), 60)
+        minutes, seconds = divmod(int(self.clock() - self.t0), 60)
+        left = self.time_left(pending)
+        left = f", about {_span(left)} left" if left is not None else ""
         return (f"{done}/{self.total} done, {running} running, {failed} failed, "
-                f"{pending} pending | best {best} | {minutes}m{seconds:02d}s")
+                f"{pending} pending | best {best} | {minutes}m{seconds:02d}s{left}")
 
     def on_step_end(self, iteration, trials, **info):
-        if time.monotonic() - self.last_print < self.every_s:
+        if self.clock() - self.last_print < self.every_s:
             return
-        self.last_print = time.monotonic()
+        self.last_print = self.clock()
         self._count(trials)
         running = self.running
         lines = [f"[sweep] {self.headline()}"]

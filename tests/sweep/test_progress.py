@@ -19,10 +19,10 @@ def sweep(tmp_path):
     return load_spec(path)
 
 
-def progress_of(spec, trials, finished=()):
+def progress_of(spec, trials, finished=(), **kw):
     out = io.StringIO()
     progress = Progress(spec, {t.trial_id: t for t in trials}, total=len(trials),
-                        steps={t.trial_id: 10 for t in trials}, finished=frozenset(finished), stream=out)
+                        steps={t.trial_id: 10 for t in trials}, finished=frozenset(finished), stream=out, **kw)
     return progress, out
 
 
@@ -66,3 +66,49 @@ def test_the_table_shows_each_running_trial_with_its_step(tmp_path):
     progress.on_step_end(0, tune)
     row = out.getvalue().splitlines()[-1].split()
     assert row[:4] == [trials[0].trial_id, "4/10", "0.25", "1.5"]
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_time_left_is_the_steps_left_at_the_rate_run_so_far(tmp_path):
+    spec, trials = sweep(tmp_path)
+    clock = Clock()
+    progress, _ = progress_of(spec, trials, clock=clock)
+    tune = [tune_trial(trials[0], "RUNNING"), tune_trial(trials[1], "RUNNING")]
+    for trial in tune:
+        progress.on_trial_start(0, tune, trial)
+        progress.on_trial_result(0, tune, trial, {"step": 1})
+    clock.now = 30.0
+    assert "left" not in progress.headline()            # no estimate in the first minute of results
+    for step in (2, 3, 4):
+        for trial in tune:
+            progress.on_trial_result(0, tune, trial, {"step": step})
+    clock.now = 60.0
+    # 8 steps run in the 60 s since the first result (1 + 3 per trial); left: 6 steps in each
+    # running trial and 10 in each of the 4 pending ones, 52 steps; 52 x 60 / 8 = 390 s, shown as 7m.
+    assert progress.headline().endswith("| 1m00s, about 7m left")
+    # A trial that Tune restarts from its step-2 checkpoint replays steps 3-4: no progress, more time.
+    progress.on_trial_result(0, tune, tune[0], {"step": 3})
+    progress.on_trial_result(0, tune, tune[0], {"step": 4})
+    clock.now = 120.0
+    # Still 8 useful steps, now in 120 s: 52 x 120 / 8 = 780 s = 13m.
+    assert progress.headline().endswith("about 13m left")
+
+
+def test_a_resumed_trial_counts_its_first_step_here_not_the_steps_before_it(tmp_path):
+    spec, trials = sweep(tmp_path)
+    clock = Clock()
+    progress, _ = progress_of(spec, trials, finished=[t.trial_id for t in trials[2:]], clock=clock)
+    tune = [tune_trial(trials[0], "RUNNING"), tune_trial(trials[1], "RUNNING")]
+    progress.on_trial_start(0, tune, tune[0])
+    progress.on_trial_result(0, tune, tune[0], {"step": 9})    # resumed from its step-8 checkpoint
+    progress.on_trial_result(0, tune, tune[1], {"step": 1})
+    clock.now = 3600.0
+    # 2 steps in an hour; left: 1 + 9 = 10 steps, 5 hours.
+    assert progress.headline().endswith("| 60m00s, about 5h00m left")
