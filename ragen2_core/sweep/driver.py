@@ -30,7 +30,7 @@ from ragen2_core.atomic import write_text_atomic
 from ragen2_core.sweep.spec import SpecError, SweepSpec
 from ragen2_core.sweep.instances import LATEST, TAG, known_instances, new_instance, pick
 from ragen2_core.sweep.trials import (MAX_TRIALS, Trial, load_spec, preview_spec, run_order, spec_hash,
-                                      sweep_preflight, too_many, trial_config)
+                                      sweep_preflight, too_many, trial_config, trial_dir)
 
 EXIT_OK, EXIT_FAILED, EXIT_REFUSED, EXIT_INTERRUPTED = 0, 1, 2, 130
 PREVIEW_ROWS = 20  # trials a dry run shows of a sweep over the cap
@@ -163,6 +163,7 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     from ragen2_core.sweep.progress import Progress
     from ragen2_core.sweep.tracker import SweepTracker, find_runs
     from ragen2_core.sweep.trainable import OBJECTIVE, CollapseStopper, resolve, train_trial
+    from ragen2_core.train.checkpoint import steps_done
     from ragen2_core.tracking import MlflowSink, git_sha
     from ragen2_core.tracking.mlflow_sink import default_tracking_uri
 
@@ -228,7 +229,9 @@ def run_sweep(spec: SweepSpec, trials: list[Trial], *, resume: str | None = None
     steps = {t.trial_id: trial_config(spec, t).train.steps for t in trials}
     tracker = SweepTracker(uri, parent.experiment_id, parent.run_id, spec, by_id)
     total = spec.search.samples if spec.search.kind == "optuna" else len(trials)
-    progress = Progress(spec, by_id, total=total, steps=steps, finished=finished, every_s=progress_every)
+    checkpointed = {t.trial_id: steps_done(trial_dir(spec, t)) for t in trials if t.trial_id not in finished}
+    progress = Progress(spec, by_id, total=total, steps=steps, finished=finished, every_s=progress_every,
+                        checkpointed=checkpointed)
     stopper = CollapseStopper(spec.stopper.metric, spec.stopper.below, spec.stopper.patience) if spec.stopper else None
     name_of = lambda trial: resolve(spec, by_id, trial.config).trial_id  # noqa: E731 (Tune wants a callable)
 

@@ -6,9 +6,9 @@
       filter-1a2b3c4d     10/40  0.42          0.61         0.75
 
 A line when a trial starts, ends or fails; the table every `every_s` seconds while trials run.
-The time left is the steps still to run (running trials' rest, pending trials' whole length) at the
-rate this process has run steps since its first result. It comes out high where trials stop early,
-or where a pending trial will resume from a checkpoint.
+The time left is the steps still to run (each unfinished trial's length less what its checkpoint or
+its results here hold) at the rate this process has run steps since its first result; trials that
+a stopper ends early make it come out high.
 """
 from __future__ import annotations
 
@@ -38,13 +38,14 @@ def _span(seconds: float) -> str:
 class Progress(Callback):
     def __init__(self, spec: SweepSpec, trials: dict[str, Trial], total: int, steps: dict[str, int],
                  finished: frozenset[str] = frozenset(), every_s: float = 30.0, stream=None,
-                 clock: Callable[[], float] = time.monotonic):
+                 checkpointed: dict[str, int] | None = None, clock: Callable[[], float] = time.monotonic):
         self.spec, self.trials, self.total, self.steps = spec, trials, total, steps
         self.every_s, self.stream = every_s, stream
         self.latest: dict[str, dict] = {}      # our trial id -> latest value of each shown key
         self.counts: dict[str, int] = {}       # Tune status -> trials (restored finished ones included)
         self.running: list[str] = []           # our ids of the running trials
         self.terminated: set[str] = set()      # our ids of the trials Tune has finished
+        self.errored: set[str] = set()         # our ids of the trials that failed
         # Finished before this run, as MLflow knows them: a resume that began without Tune's state
         # holds only the trials left then, so Tune's own count misses the ones finished before it.
         self.finished = frozenset(finished)
@@ -52,6 +53,7 @@ class Progress(Callback):
         self.clock = clock
         self.t0 = self.last_print = clock()
         self.highest: dict[str, int] = {}      # our trial id -> highest step it reported in this process
+        self.checkpointed = checkpointed or {}  # our trial id -> steps its checkpoint held when this began
         self.stepped = 0                       # steps run here that were not a replay of one run before
         self.first_result_at: float | None = None
 
@@ -71,6 +73,7 @@ class Progress(Callback):
             self.counts[s] = self.counts.get(s, 0) + 1
         self.running = [self._id(t) for t, s in zip(trials, status) if s == "RUNNING"]
         self.terminated = {self._id(t) for t, s in zip(trials, status) if s == "TERMINATED"}
+        self.errored = {self._id(t) for t, s in zip(trials, status) if s == "ERROR"}
 
     def on_trial_start(self, iteration, trials, trial, **info):
         tid = self._id(trial)
@@ -108,7 +111,15 @@ class Progress(Callback):
         if elapsed < 60:
             return None
         per_trial = sum(self.steps.values()) / len(self.steps) if self.steps else 0
-        left = pending * per_trial + sum(max(0, self.steps.get(t, 0) - self.highest.get(t, 0)) for t in self.running)
+
+        def rest(tid: str) -> float:
+            return max(0, self.steps.get(tid, per_trial) - max(self.highest.get(tid, 0), self.checkpointed.get(tid, 0)))
+
+        if self.total == len(self.steps):   # a grid: every trial known, pending ones included
+            ended = self.terminated | self.finished | self.errored
+            left = sum(rest(t) for t in self.steps if t not in ended)
+        else:                               # a search: trials not yet sampled have no id
+            left = pending * per_trial + sum(rest(t) for t in self.running)
         return left * elapsed / self.stepped
 
     def _end(self, trials, trial, status: str) -> None:

@@ -73,6 +73,12 @@ def latest(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def steps_done(out_dir: Path) -> int:
+    """Steps the newest checkpoint holds (step_000039 holds 40), 0 without one."""
+    path = latest(out_dir)
+    return int(path.name[len(PREFIX):]) + 1 if path else 0
+
+
 def load(path: Path, actor, critic) -> dict:
     actor.load(path / "actor", tag="state")
     if critic is not None:

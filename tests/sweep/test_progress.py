@@ -112,3 +112,18 @@ def test_a_resumed_trial_counts_its_first_step_here_not_the_steps_before_it(tmp_
     clock.now = 3600.0
     # 2 steps in an hour; left: 1 + 9 = 10 steps, 5 hours.
     assert progress.headline().endswith("| 60m00s, about 5h00m left")
+
+
+def test_the_time_left_counts_a_pending_trials_checkpoint_and_no_failed_trial(tmp_path):
+    spec, trials = sweep(tmp_path)
+    clock = Clock()
+    # Trials 0-1 finished before; 2 runs; 3 failed; 4 waits with a checkpoint of 6 steps; 5 waits.
+    progress, _ = progress_of(spec, trials, finished=[trials[0].trial_id, trials[1].trial_id], clock=clock,
+                              checkpointed={trials[4].trial_id: 6})
+    tune = [tune_trial(trials[2], "RUNNING"), tune_trial(trials[3], "ERROR")]
+    progress.on_trial_start(0, tune, tune[0])
+    for step in (1, 2):
+        progress.on_trial_result(0, tune, tune[0], {"step": step})
+    clock.now = 60.0
+    # 2 steps a minute; left: 8 (trial 2) + 4 (trial 4) + 10 (trial 5) = 22 steps, 11 minutes.
+    assert progress.headline().endswith("about 11m left")
