@@ -115,10 +115,10 @@ class Progress(Callback):
         def rest(tid: str) -> float:
             return max(0, self.steps.get(tid, per_trial) - max(self.highest.get(tid, 0), self.checkpointed.get(tid, 0)))
 
-        if self.total == len(self.steps):   # a grid: every trial known, pending ones included
+        if self.spec.search.kind != "optuna":   # a grid: every trial known, pending ones included
             ended = self.terminated | self.finished | self.errored
             left = sum(rest(t) for t in self.steps if t not in ended)
-        else:                               # a search: trials not yet sampled have no id
+        else:                                   # a search: trials not yet sampled have no id
             left = pending * per_trial + sum(rest(t) for t in self.running)
         return left * elapsed / self.stepped
 

@@ -127,3 +127,18 @@ def test_the_time_left_counts_a_pending_trials_checkpoint_and_no_failed_trial(tm
     clock.now = 60.0
     # 2 steps a minute; left: 8 (trial 2) + 4 (trial 4) + 10 (trial 5) = 22 steps, 11 minutes.
     assert progress.headline().endswith("about 11m left")
+
+
+def test_a_search_counts_its_unsampled_trials_at_the_mean_length(tmp_path):
+    spec, trials = sweep(tmp_path)
+    spec.search.kind = "optuna"      # its trials get ids only when sampled: 2 sampled of 6 so far
+    clock = Clock()
+    progress = Progress(spec, {t.trial_id: t for t in trials[:2]}, total=6,
+                        steps={trials[0].trial_id: 10, trials[1].trial_id: 20}, clock=clock, stream=io.StringIO())
+    tune = [tune_trial(trials[0], "RUNNING")]
+    progress.on_trial_start(0, tune, tune[0])
+    for step in (1, 2, 3):
+        progress.on_trial_result(0, tune, tune[0], {"step": step})
+    clock.now = 60.0
+    # 3 steps a minute; left: 7 in the running trial + 5 pending x 15 (the mean length) = 82 steps, 27m20s.
+    assert progress.headline().endswith("about 28m left")
