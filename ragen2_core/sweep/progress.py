@@ -7,8 +7,9 @@
 
 A line when a trial starts, ends or fails; the table every `every_s` seconds while trials run.
 The time left is the steps still to run (each unfinished trial's length less what its checkpoint or
-its results here hold) at the rate this process has run steps since its first result; trials that
-a stopper ends early make it come out high.
+its results here hold) at the rate this process has run steps since its first result. It comes
+out high where a stopper ends trials early, and low near the end, when fewer trials are left than
+run side by side now (they then run at one trial's rate, not at the sweep's).
 """
 from __future__ import annotations
 
