@@ -6,13 +6,13 @@
       filter-1a2b3c4d     10/40  0.42          0.61         0.75
 
 A line when a trial starts, ends or fails; the table every `every_s` seconds while trials run.
-The time left is the steps still to run (each unfinished trial's length less what its checkpoint or
-its results here hold) at the rate this process has run steps since its first result. It comes
-out high where a stopper ends trials early, and low near the end, when fewer trials are left than
-run side by side now (they then run at one trial's rate, not at the sweep's).
+The time left lays the steps still to run (each unfinished trial's length less what its checkpoint
+or its results here hold) over as many trials side by side as have run, at the rate this process
+has run steps since its first result. It comes out high where a stopper ends trials early.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import sys
 import time
@@ -57,6 +57,7 @@ class Progress(Callback):
         self.checkpointed = checkpointed or {}  # our trial id -> steps its checkpoint held when this began
         self.stepped = 0                       # steps run here that were not a replay of one run before
         self.first_result_at: float | None = None
+        self.slots = 1                         # the most trials seen running side by side
 
     def _say(self, line: str) -> None:
         out = self.stream or sys.stdout
@@ -105,23 +106,31 @@ class Progress(Callback):
         self.highest[tid] = step if before is None else max(before, step)
 
     def time_left(self, pending: int) -> float | None:
-        """Seconds to run the steps left, at this process's rate so far; None in its first minute."""
+        """Seconds until the last trial ends, None in the first minute of results: the trials left
+        are laid out over as many slots as have run side by side, each slot running one trial's
+        steps at the rate the sweep has run them so far, divided among its slots."""
         if self.first_result_at is None or self.stepped == 0:
             return None
         elapsed = self.clock() - self.first_result_at
         if elapsed < 60:
             return None
+        self.slots = max(self.slots, len(self.running), 1)
+        per_step = elapsed * self.slots / self.stepped          # seconds one trial takes for a step
         per_trial = sum(self.steps.values()) / len(self.steps) if self.steps else 0
 
         def rest(tid: str) -> float:
             return max(0, self.steps.get(tid, per_trial) - max(self.highest.get(tid, 0), self.checkpointed.get(tid, 0)))
 
         if self.spec.search.kind != "optuna":   # a grid: every trial known, pending ones included
-            ended = self.terminated | self.finished | self.errored
-            left = sum(rest(t) for t in self.steps if t not in ended)
+            ended = self.terminated | self.finished | self.errored | set(self.running)
+            queued = [rest(t) for t in self.steps if t not in ended]
         else:                                   # a search: trials not yet sampled have no id
-            left = pending * per_trial + sum(rest(t) for t in self.running)
-        return left * elapsed / self.stepped
+            queued = [per_trial] * pending
+        ends = [rest(t) * per_step for t in self.running] + [0.0] * (self.slots - len(self.running))
+        heapq.heapify(ends)
+        for steps in queued:                    # each next trial takes the slot that frees first
+            heapq.heappush(ends, heapq.heappop(ends) + steps * per_step)
+        return max(ends)
 
     def _end(self, trials, trial, status: str) -> None:
         tid = self._id(trial)

@@ -90,14 +90,15 @@ def test_the_time_left_is_the_steps_left_at_the_rate_run_so_far(tmp_path):
         for trial in tune:
             progress.on_trial_result(0, tune, trial, {"step": step})
     clock.now = 60.0
-    # 8 steps run in the 60 s since the first result (1 + 3 per trial); left: 6 steps in each
-    # running trial and 10 in each of the 4 pending ones, 52 steps; 52 x 60 / 8 = 390 s, shown as 7m.
+    # 8 steps run in the 60 s since the first result (1 + 3 per trial), by 2 trials side by side:
+    # 15 s a step each. Left: 6 steps in each running trial (90 s), then the 4 pending trials of 10
+    # steps two by two (150 s each): 90 + 150 + 150 = 390 s, shown as 7m.
     assert progress.headline().endswith("| 1m00s, about 7m left")
     # A trial that Tune restarts from its step-2 checkpoint replays steps 3-4: no progress, more time.
     progress.on_trial_result(0, tune, tune[0], {"step": 3})
     progress.on_trial_result(0, tune, tune[0], {"step": 4})
     clock.now = 120.0
-    # Still 8 useful steps, now in 120 s: 52 x 120 / 8 = 780 s = 13m.
+    # Still 8 useful steps, now in 120 s: 30 s a step each, 90 + 150 + 150 doubled = 780 s = 13m.
     assert progress.headline().endswith("about 13m left")
 
 
@@ -110,8 +111,9 @@ def test_a_resumed_trial_counts_its_first_step_here_not_the_steps_before_it(tmp_
     progress.on_trial_result(0, tune, tune[0], {"step": 9})    # resumed from its step-8 checkpoint
     progress.on_trial_result(0, tune, tune[1], {"step": 1})
     clock.now = 3600.0
-    # 2 steps in an hour; left: 1 + 9 = 10 steps, 5 hours.
-    assert progress.headline().endswith("| 60m00s, about 5h00m left")
+    # 2 steps in an hour by 2 trials side by side: an hour a step each. Trial 0 has 1 step left,
+    # trial 1 has 9: the sweep ends when trial 1 does, in 9 hours (not 10 steps at the pair's rate).
+    assert progress.headline().endswith("| 60m00s, about 9h00m left")
 
 
 def test_the_time_left_counts_a_pending_trials_checkpoint_and_no_failed_trial(tmp_path):
@@ -125,7 +127,7 @@ def test_the_time_left_counts_a_pending_trials_checkpoint_and_no_failed_trial(tm
     for step in (1, 2):
         progress.on_trial_result(0, tune, tune[0], {"step": step})
     clock.now = 60.0
-    # 2 steps a minute; left: 8 (trial 2) + 4 (trial 4) + 10 (trial 5) = 22 steps, 11 minutes.
+    # One trial at a time, 30 s a step; left: 8 (trial 2) + 4 (trial 4) + 10 (trial 5) = 22 steps, 11 minutes.
     assert progress.headline().endswith("about 11m left")
 
 
@@ -140,5 +142,6 @@ def test_a_search_counts_its_unsampled_trials_at_the_mean_length(tmp_path):
     for step in (1, 2, 3):
         progress.on_trial_result(0, tune, tune[0], {"step": step})
     clock.now = 60.0
-    # 3 steps a minute; left: 7 in the running trial + 5 pending x 15 (the mean length) = 82 steps, 27m20s.
+    # One trial at a time, 20 s a step; left: 7 in the running trial + 5 pending x 15 (the mean
+    # length) = 82 steps, 27m20s.
     assert progress.headline().endswith("about 28m left")
