@@ -76,6 +76,7 @@ class Progress(Callback):
         self.running = [self._id(t) for t, s in zip(trials, status) if s == "RUNNING"]
         self.terminated = {self._id(t) for t, s in zip(trials, status) if s == "TERMINATED"}
         self.errored = {self._id(t) for t, s in zip(trials, status) if s == "ERROR"}
+        self.slots = max(self.slots, len(self.running))
 
     def on_trial_start(self, iteration, trials, trial, **info):
         tid = self._id(trial)
@@ -114,7 +115,6 @@ class Progress(Callback):
         elapsed = self.clock() - self.first_result_at
         if elapsed < 60:
             return None
-        self.slots = max(self.slots, len(self.running), 1)
         per_step = elapsed * self.slots / self.stepped          # seconds one trial takes for a step
         per_trial = sum(self.steps.values()) / len(self.steps) if self.steps else 0
 
