@@ -38,6 +38,11 @@ METRICS = ("eval/success", "rollout/success", "collapse/mi", "collapse/mi_zscore
            "rollout/think_tokens", "rollout/template_frac", "eval/template_frac",
            "eval/success_grounded", "eval/success_template", "actor/reg_to_task_grad_ratio",
            "rollout/frac_zero_std_groups", "cost/cum_rollout_tokens", "cost/cum_wall_s")
+# Kept when a run logged them, never noted as missing: the gradient probe runs only where
+# `grad_probe.every` is set, and these are what a study reads to explain a failed or odd run.
+OPTIONAL_METRICS = ("rollout/format_valid", "actor/grad_norm", "actor/grad_norm_task",
+                    "grad_probe/b0/grad_norm_task", "grad_probe/b1/grad_norm_task",
+                    "grad_probe/b0/group_reward_std", "grad_probe/b1/group_reward_std")
 PARENT = "mlflow.parentRunId"
 INSTANCE = "ragen2.instance"  # sweep/instances.py
 NOT_AXES = {"train.seed", "train.output_dir", "train.resume", "train.threads"}
@@ -177,7 +182,8 @@ def experiment_names(client: MlflowClient) -> list[str]:
 
 # ----------------------------------------------------------------------------- the sweep
 
-def collect(tracking_uri: str, experiment: str, metrics=METRICS, instance: Optional[str] = None) -> Sweep:
+def collect(tracking_uri: str, experiment: str, metrics=METRICS, instance: Optional[str] = None,
+            optional=OPTIONAL_METRICS) -> Sweep:
     """The sweep's latest instance (latest parent run), or the one named by ``instance``."""
     client = MlflowClient(tracking_uri)
     exp = client.get_experiment_by_name(experiment)
@@ -223,7 +229,7 @@ def collect(tracking_uri: str, experiment: str, metrics=METRICS, instance: Optio
     if parent and not spec_text:
         notes.append("the sweep run has no spec.yaml artifact: question and axes are inferred from the runs.")
 
-    trials = [_trial(client, r, metrics) for r in children]
+    trials = [_trial(client, r, metrics, optional) for r in children]
     expected = _expected(client, parent, notes) if parent else []
     axes = _axes(spec, trials)
     lacking = sorted({m for t in trials for m in t.missing})
@@ -238,7 +244,7 @@ def collect(tracking_uri: str, experiment: str, metrics=METRICS, instance: Optio
                  trials, expected, axes, notes)
 
 
-def _trial(client: MlflowClient, run, metrics) -> Trial:
+def _trial(client: MlflowClient, run, metrics, optional=()) -> Trial:
     tags = dict(run.data.tags)
     tid = tags.get("ragen2.trial_id") or run.info.run_name or run.info.run_id
     arm = tags.get("ragen2.arm") or "run"
@@ -252,6 +258,9 @@ def _trial(client: MlflowClient, run, metrics) -> Trial:
             t.history[m] = dedupe(client.get_metric_history(run.info.run_id, m))
         else:
             t.missing.append(m)
+    for m in optional:
+        if m in run.data.metrics and m not in t.history:
+            t.history[m] = dedupe(client.get_metric_history(run.info.run_id, m))
     return t
 
 

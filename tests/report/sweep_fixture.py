@@ -89,6 +89,8 @@ def write_sweep(root, failed: tuple | None = None) -> str:
             for step in range(1, 21):
                 ms += [Metric("actor/entropy", 1.0 - final / 2, t0, step), Metric("filter/kept_ratio", 1.0 if arm == "nofilter" else 0.5, t0, step),
                        Metric("cost/cum_rollout_tokens", 1000.0 * step, t0, step), Metric("cost/cum_wall_s", 36.0 * step, t0, step)]
+            if seed == 0:  # an optional metric (collect.OPTIONAL_METRICS) that only some trials log
+                ms += [Metric("grad_probe/b0/grad_norm_task", 0.5 * step, t0, step) for step in (1, 11)]
             if broken:
                 ms = [m for m in ms if m.step <= 12]
             client.log_batch(rid, metrics=ms)

@@ -39,6 +39,17 @@ def test_round_trip_holds_what_the_store_holds(saved):
     assert back.notes[:-1] == store.notes and "archive" in back.notes[-1]
 
 
+def test_an_optional_metric_is_kept_where_logged_and_never_noted_missing(saved):
+    uri, path = saved
+    back = load(path)
+    probe = "grad_probe/b0/grad_norm_task"
+    # the fixture logs it at steps 1 and 11 in the seed-0 trials only (0.5 x step)
+    assert {t.seed for t in back.trials if probe in t.history} == {"0"}
+    assert all(t.history[probe] == ([1, 11], [0.5, 5.5]) for t in back.trials if t.seed == "0")
+    assert not any(probe in t.missing for t in back.trials)
+    assert not any(probe in note for note in back.notes)
+
+
 def test_saving_twice_gives_the_same_bytes(saved, tmp_path):
     uri, path = saved
     assert script("archive").main([EXPERIMENT, "--out", str(tmp_path), "--tracking-uri", uri]) == 0
