@@ -437,6 +437,9 @@ class FilterConfig:
     statistic: str = opt("std", "per-group reward spread statistic (ddof 1)", choices=["std", "var"])
     include_zero: bool = opt(True, "let zero-spread groups (all rewards exactly equal) compete for a place; "
                              "false drops them first")
+    pick: str = opt("spread", "which candidates fill the kept places: the largest spreads (the filter), or as "
+                    "many drawn at random from the same candidates (a control: fewer groups, no selection)",
+                    choices=["spread", "random"])
     loss_scale: str = opt("none", "rescale by the kept fraction (linear) or its square root", choices=["none", "linear", "sqrt"])
     loss_scale_on: str = opt("task", "what loss_scale multiplies: the task term, as the release scales the "
                              "advantages, or the whole loss with its KL and entropy terms", choices=["task", "loss"])

@@ -2,12 +2,12 @@
 # The sweeps of the mechanism study (docs/reproduction.md Part 3, "The study in shaped doors"), run
 # or continued in order, each archived to docs/data/mechanism/ the moment it finishes. Rerun it after
 # an interruption: an archived sweep is skipped, a started one goes on from its checkpoints
-# (--resume), the rest start fresh. The study takes about 20 hours on 2 cores.
+# (--resume), the rest start fresh. The study takes about 24 hours on 2 cores.
 # A sweep that stops unfinished (interrupted, or a trial failed) leaves its finished trials in
 # docs/data/mechanism/in_progress/<sweep>.json.gz: commit it, and on a machine without this one's
 # runs/ and mlflow.db the next run restores them (reports/restore.py) and runs only the rest.
 #
-#   bash scripts/mechanism_study.sh                                      # all five, in this order
+#   bash scripts/mechanism_study.sh                                      # all seven, in this order
 #   bash scripts/mechanism_study.sh shaped_regularisers shaped_annealing # some
 #
 # Exit status: 0 every named sweep archived; otherwise the failing sweep's (130 interrupted).
@@ -15,7 +15,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 sweeps=("$@")
-[ ${#sweeps[@]} -gt 0 ] || sweeps=(shaped_vs_filter shaped_regularisers shaped_annealing shaped_vs_filter_ppo shaped_noise)
+[ ${#sweeps[@]} -gt 0 ] || sweeps=(shaped_vs_filter shaped_regularisers shaped_annealing shaped_vs_filter_ppo shaped_noise
+                                  shaped_random shaped_random_ppo)
 
 for s in "${sweeps[@]}"; do  # every name checked before anything starts
   [ -f "ablations/mechanism/$s.yaml" ] || {

@@ -13,6 +13,8 @@ Usage:
     group_keep = select_groups(group_rewards, strategy="top_p", value=0.9, mode="softmax",
                                statistic="std", include_zero=True)       # [G] bool, may be all False
     scale = loss_scale_factor(group_keep.float().mean().item(), mode="linear")
+    control = select_groups(group_rewards, strategy="top_p", value=0.9, mode="softmax",
+                            pick="random", generator=torch.Generator().manual_seed(0))  # as many, at random
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import torch
 STRATEGIES = ("top_p", "top_k", "top_k_abs", "min_p")
 TOP_P_MODES = ("linear", "softmax")
 STATISTICS = ("std", "var")
+PICKS = ("spread", "random")
 SCALE_MODES = ("none", "linear", "sqrt")
 # Slack of the min_p comparison, as in the release.
 MIN_P_TOL = 1e-10
@@ -98,6 +101,8 @@ def select_groups(
     statistic: str = "std",
     include_zero: bool = True,
     eps: float = 0.01,
+    pick: str = "spread",
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Choose which groups enter the update.
 
@@ -118,6 +123,10 @@ def select_groups(
             selection, so they are never kept; True lets them compete (top_p = 1.0 then keeps
             everything: the "nofilter" arm).
         eps: absolute tolerance of the linear top_p threshold.
+        pick: "spread" keeps the candidates with the largest scores (the filter); "random" keeps as
+            many as "spread" would, drawn uniformly from the same candidates with ``generator``: the
+            control that separates what selection does from what updating on fewer groups does.
+        generator: the random draw's source (pick "random" only); pass a seeded one to reproduce it.
 
     Returns:
         [G] bool, True for kept groups, in the original group order; all False when no group is kept.
@@ -126,6 +135,8 @@ def select_groups(
         raise ValueError(f"select_groups: unknown strategy {strategy!r}; expected one of {STRATEGIES}")
     if mode not in TOP_P_MODES:
         raise ValueError(f"select_groups: unknown mode {mode!r}; expected one of {TOP_P_MODES}")
+    if pick not in PICKS:
+        raise ValueError(f"select_groups: unknown pick {pick!r}; expected one of {PICKS}")
     if not value >= 0:  # also rejects NaN
         raise ValueError(f"select_groups: value must be >= 0, got {value}")
     # float64 so cumulative sums compare cleanly against the threshold.
@@ -140,13 +151,14 @@ def select_groups(
         return group_keep
 
     candidate_score = group_score[candidates]
-    if strategy == "min_p":
-        threshold = value * float(candidate_score.max())
-        group_keep[candidates[candidate_score >= threshold - MIN_P_TOL]] = True
-        return group_keep
-
     order = torch.sort(candidate_score, descending=True, stable=True).indices
-    k = _n_keep(strategy, value, mode, candidate_score[order], n_groups, eps)
+    if strategy == "min_p":
+        # The scores at or above the threshold are a prefix of the descending order, ties included.
+        k = int((candidate_score >= value * float(candidate_score.max()) - MIN_P_TOL).sum())
+    else:
+        k = _n_keep(strategy, value, mode, candidate_score[order], n_groups, eps)
+    if pick == "random":
+        order = torch.randperm(candidates.numel(), generator=generator).to(candidates.device)
     group_keep[candidates[order[:k]]] = True
     return group_keep
 

@@ -47,6 +47,9 @@ from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import git_sha, run_tags
 from ragen2_core.batches import RolloutBatch
 
+# step_rng stream of the filter's random pick (filter.pick: random), clear of the learner's 1 + epoch.
+FILTER_STREAM = 1000
+
 
 def run(cfg, sink) -> dict:
     # ================================================================ setup
@@ -246,8 +249,9 @@ def filter_groups(ctx: RunContext, step: int, batch: RolloutBatch, group_rewards
     fcfg, sched = ctx.cfg.filter, ctx.cfg.filter.schedule
     value = filter_value(step, total_steps=ctx.cfg.train.steps, kind=sched.kind, start=fcfg.value, end=sched.end,
                          warmup_steps=sched.warmup_steps)
+    draw = torch.Generator().manual_seed(int(step_rng(ctx.cfg.train.seed, step, FILTER_STREAM, ctx.rank).integers(2**62)))
     keep = select_groups(group_rewards, strategy=fcfg.strategy, value=value, mode=fcfg.mode,
-                         statistic=fcfg.statistic, include_zero=fcfg.include_zero)
+                         statistic=fcfg.statistic, include_zero=fcfg.include_zero, pick=fcfg.pick, generator=draw)
     spread = group_reward_stats(group_rewards, statistic="std")
     kept_rows = [b for b, g in enumerate(batch.group_ids) if keep[g]]
     kept_ratio = float(keep.float().mean())

@@ -118,6 +118,17 @@ def test_cost_accounting_adds_up(tmp_path, cache):
         assert m["cost/wall_s_per_update"] == pytest.approx(m["time/rollout_s"] + m["time/update_s"])
 
 
+def test_random_pick_keeps_the_filters_count_and_repeats_with_the_seed(tmp_path, cache):
+    args = ("train.steps=3", "collapse.every=0", "train.eval_every=0", "filter.strategy=top_k_abs", "filter.value=1",
+            "filter.pick=random")
+    runs = [train(tmp_path / name, cache, *args)[0] for name in ("a", "b")]
+    first = [(m["filter/kept_groups"], m["filter/kept_group_reward_std"], m["rollout/reward_mean"]) for _, m in runs[0].metrics]
+    assert [k for k, _, _ in first] == [1, 1, 1]  # TINY's 2 groups: one kept a step, as the spread filter keeps
+    # the draw comes from (seed, step), so the same seed keeps the same groups and trains the same run
+    assert [(m["filter/kept_groups"], m["filter/kept_group_reward_std"], m["rollout/reward_mean"])
+            for _, m in runs[1].metrics] == first
+
+
 def test_validation_floor_stops_the_run_and_records_why(tmp_path, cache):
     # A floor of 1.01 fails every validation; patience 1 stops at the first one (step 2 of 6).
     sink, result = train(tmp_path, cache, "train.steps=6", "collapse.every=0", "stops.val_floor=1.0",

@@ -176,7 +176,41 @@ def test_min_p():
     assert kept(select_groups(SCORES, strategy="min_p", value=0.0, include_zero=False)) == [0, 1, 3, 4]
 
 
+def draw(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_random_pick_keeps_as_many_as_the_filter_from_the_same_candidates():
+    # SCORES [1, 4, 0, 3, 2]: linear top_p 0.6 -> threshold 5.99, cum 4, 7 -> 2 groups {1, 3};
+    # min_p 0.5 keeps 3 ({1, 3, 4}); top_k_abs 1 keeps 1. The random pick keeps the same counts.
+    for kw, n in (({"strategy": "top_p", "value": 0.6}, 2), ({"strategy": "min_p", "value": 0.5}, 3),
+                  ({"strategy": "top_k_abs", "value": 1}, 1)):
+        assert len(kept(select_groups(SCORES, **kw))) == n
+        assert len(kept(select_groups(SCORES, **kw, pick="random", generator=draw(0)))) == n
+    # include_zero=False: group 2 (zero spread) is no candidate, so no draw ever keeps it
+    for seed in range(50):
+        picked = kept(select_groups(SCORES, strategy="top_k_abs", value=4, include_zero=False, pick="random",
+                                    generator=draw(seed)))
+        assert picked == [0, 1, 3, 4]
+    # top_p = 1.0 keeps every candidate: random or not, it is no filter
+    assert select_groups(SCORES, strategy="top_p", value=1.0, pick="random", generator=draw(0)).all()
+
+
+def test_random_pick_is_uniform_over_the_candidates_and_reproducible():
+    # Keeping 1 of 5 at random: each group about 1/5 of 2,000 draws (SD sqrt(2000 * .2 * .8) = 18),
+    # the zero-spread group 2 included, though the filter itself would always keep group 1.
+    counts = [0] * 5
+    for seed in range(2000):
+        counts[kept(select_groups(SCORES, strategy="top_k_abs", value=1, pick="random", generator=draw(seed)))[0]] += 1
+    assert all(abs(c - 400) < 100 for c in counts), counts
+    a = select_groups(SCORES, strategy="top_k_abs", value=2, pick="random", generator=draw(7))
+    b = select_groups(SCORES, strategy="top_k_abs", value=2, pick="random", generator=draw(7))
+    assert torch.equal(a, b)
+
+
 def test_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="pick"):
+        select_groups(SCORES, strategy="top_p", value=0.9, pick="smallest")
     for kw in ({"strategy": "bottom"}, {"mode": "exp"}, {"value": -0.1}):
         args = {"strategy": "top_p", "value": 0.9, **kw}
         with pytest.raises(ValueError):
