@@ -10,8 +10,9 @@ The sweep driver resumes an instance whose Tune state is gone from its MLflow pa
 trial with a FINISHED child run is not run again (sweep/driver.py). So restore writes the parent
 run (its tags, spec.yaml and trials.csv) and one FINISHED child run per finished trial, with the
 trial's tags, params, the metric curves an archive keeps (report/collect.METRICS and
-OPTIONAL_METRICS) and its validation sample files. Trials that had not finished are left out, so that --resume runs them
-from step 0 in runs of their own; a half-logged run would make the tracker skip their first steps.
+OPTIONAL_METRICS) and its validation sample files. Trials that had not finished are left out, so
+that --resume runs them from step 0 in runs of their own; a half-logged run would make the tracker
+skip their first steps.
 What an archive does not hold is not restored: other metrics, checkpoints, the policy artifacts,
 the sweep run's spec.* params. It is meant for a machine without the instance's folder: where the
 folder is there, --resume follows Tune's saved state, which counts a trial finished after the
