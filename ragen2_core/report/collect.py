@@ -253,14 +253,11 @@ def _trial(client: MlflowClient, run, metrics, optional=()) -> Trial:
               seed=tags.get("ragen2.seed") or run.data.params.get("train.seed", "?"), status=run.info.status,
               stop_reason=tags.get("ragen2.stop_reason", ""), params=dict(run.data.params), tags=tags,
               start_ms=run.info.start_time, end_ms=run.info.end_time)
-    for m in metrics:
+    for m in (*metrics, *optional):
         if m in run.data.metrics:
             t.history[m] = dedupe(client.get_metric_history(run.info.run_id, m))
-        else:
+        elif m in metrics:
             t.missing.append(m)
-    for m in optional:
-        if m in run.data.metrics and m not in t.history:
-            t.history[m] = dedupe(client.get_metric_history(run.info.run_id, m))
     return t
 
 

@@ -249,8 +249,10 @@ def filter_groups(ctx: RunContext, step: int, batch: RolloutBatch, group_rewards
     fcfg, sched = ctx.cfg.filter, ctx.cfg.filter.schedule
     value = filter_value(step, total_steps=ctx.cfg.train.steps, kind=sched.kind, start=fcfg.value, end=sched.end,
                          warmup_steps=sched.warmup_steps)
-    draw_seed = step_rng(ctx.cfg.train.seed, step, FILTER_STREAM, ctx.rank).integers(2**62)
-    draw = torch.Generator().manual_seed(int(draw_seed))
+    draw = None
+    if fcfg.pick == "random":
+        seed = step_rng(ctx.cfg.train.seed, step, FILTER_STREAM, ctx.rank).integers(2**62)
+        draw = torch.Generator().manual_seed(int(seed))
     keep = select_groups(group_rewards, strategy=fcfg.strategy, value=value, mode=fcfg.mode,
                          statistic=fcfg.statistic, include_zero=fcfg.include_zero, pick=fcfg.pick, generator=draw)
     spread = group_reward_stats(group_rewards, statistic="std")
