@@ -20,7 +20,7 @@ from ragen2_core.algo.objective import Objective, actor_terms, rewards_with_kl
 from ragen2_core.config import SINGLE_TURN_ENVS
 from ragen2_core.train.scoring import score_tokens, score_values
 from ragen2_core.train.shared_prefix import RowPlan, forward_window, micro_batch_order, upload, window
-from ragen2_core.train.state import RunContext, step_rng
+from ragen2_core.train.state import RunContext, learner_stream, step_rng
 from ragen2_core.batches import PreparedBatch, RolloutBatch
 
 
@@ -111,7 +111,7 @@ def update(ctx: RunContext, batch: RolloutBatch, row_weight: torch.Tensor, step:
     # During critic warm-up the actor's forward still runs (for its metrics) but it does not learn.
     train_actor = critic is None or step >= algo.critic_warmup
     for epoch in range(algo.ppo_epochs):
-        order = step_rng(ctx.cfg.train.seed, step, 1 + epoch, actor.rank).permutation(B)
+        order = step_rng(ctx.cfg.train.seed, step, learner_stream(epoch), actor.rank).permutation(B)
         for mb in np.array_split(order, algo.mini_batches):
             # Micro-batches of similar lengths, each cut to its own longest row: multi-turn
             # episodes differ several-fold in length, and padding would dominate the update.

@@ -1,7 +1,7 @@
 """What every stage of a run reads (`RunContext`), the filter's outcome (`Selection`), and the run's
 randomness, derived from (seed, step, purpose, rank) so a resumed run replays the same steps.
 
-    rng = step_rng(cfg.train.seed, step, stream=0, rank=ctx.rank)
+    rng = step_rng(cfg.train.seed, step, ROLLOUT_STREAM, rank=ctx.rank)
 """
 from __future__ import annotations
 
@@ -15,6 +15,17 @@ from ragen2_core.algo.objective import Objective
 from ragen2_core.rollout.sampler import SamplingParams
 from ragen2_core.train.engine import TrainEngine
 from ragen2_core.train.stops import StopMonitor
+
+
+# One stream per purpose. The learner's first epoch keeps stream 1 and later epochs start at 2001, so
+# that with ppo_epochs >= 2 no epoch's minibatch order shares its draws with the MI probe's prompts.
+ROLLOUT_STREAM, LEARNER_STREAM, MI_PROBE_STREAM, FILTER_STREAM = 0, 1, 2, 1000
+LEARNER_EPOCH_STREAM = 2000
+
+
+def learner_stream(epoch: int) -> int:
+    """The stream of the learner's minibatch order in PPO epoch `epoch` (0-based)."""
+    return LEARNER_STREAM if epoch == 0 else LEARNER_EPOCH_STREAM + epoch
 
 
 def step_rng(seed: int, step: int, stream: int, rank: int = 0) -> np.random.Generator:

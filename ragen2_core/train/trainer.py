@@ -41,14 +41,12 @@ from ragen2_core.train.engine import TrainEngine, agree, init_distributed, refer
 from ragen2_core.train.grad_probe import probe_batch
 from ragen2_core.train.learner import build_objective, prepare, update
 from ragen2_core.train.scoring import logp_mismatch
-from ragen2_core.train.state import RunContext, Selection, step_rng
+from ragen2_core.train.state import (FILTER_STREAM, MI_PROBE_STREAM, ROLLOUT_STREAM, RunContext, Selection,
+                                     step_rng)
 from ragen2_core.train.step_metrics import cost_metrics, rollout_metrics, sample_text
 from ragen2_core.train.stops import StopMonitor
 from ragen2_core.tracking import git_sha, run_tags
 from ragen2_core.batches import RolloutBatch
-
-# step_rng stream of the filter's random pick (filter.pick: random), clear of the learner's 1 + epoch.
-FILTER_STREAM = 1000
 
 
 def run(cfg, sink) -> dict:
@@ -199,7 +197,7 @@ def start_vllm(ctx: RunContext):
 def rollout_step(ctx: RunContext, step: int) -> tuple[RolloutBatch, torch.Tensor, dict]:
     """Sample the step's groups; returns the batch, its [G, S] float64 episode rewards and `rollout/*`."""
     rcfg, seed = ctx.cfg.rollout, ctx.cfg.train.seed
-    rng = step_rng(seed, step, 0, ctx.rank)
+    rng = step_rng(seed, step, ROLLOUT_STREAM, ctx.rank)
     group_seeds = rng.integers(0, ctx.cfg.env.val_seed_start, rcfg.n_groups).tolist()
     env_seeds = [s for s in group_seeds for _ in range(rcfg.group_size)]
     dyn_seeds = rng.integers(0, 2**31 - 1, len(env_seeds)).tolist()
@@ -227,7 +225,7 @@ def diagnose_collapse(ctx: RunContext, step: int, batch: RolloutBatch) -> tuple[
     t0 = time.perf_counter()
     scores, lengths, rows_used = score_batch(
         ctx.actor.module, batch, n_prompts=ccfg.n_prompts, k_samples=ccfg.k_samples,
-        rng=step_rng(seed, step, 2, ctx.rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
+        rng=step_rng(seed, step, MI_PROBE_STREAM, ctx.rank), trajectory=ccfg.trajectory, token_budget=ccfg.token_budget)
     mi = collapse_metrics(scores, lengths=lengths, n_perm=ccfg.n_perm, seed=seed * 100_003 + step,
                           ema=ctx.loop["collapse_ema"], ema_decay=ccfg.ema_decay)
     ctx.loop["collapse_ema"] = ema_state(mi)

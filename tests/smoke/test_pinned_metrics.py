@@ -47,6 +47,9 @@ def test_metrics_match_the_loop_before_the_refactor(tmp_path, cache, case, monke
     pinned = PINNED["cases"][case]
     # That loop whitened GAE advantages with the population variance (now veRL's unbiased one).
     monkeypatch.setattr(learner, "whiten", lambda x, m: whiten(x, m, unbiased=False))
+    # Its PPO epoch e drew the minibatch order from stream 1 + e (epoch 1 shared the MI probe's stream;
+    # now 2001 on: tests/unit/test_step_rng.py).
+    monkeypatch.setattr(learner, "learner_stream", lambda epoch: 1 + epoch)
     sink = MemorySink()
     then = OLD_BEHAVIOUR if pinned.get("recorded_at", PINNED["recorded_at"]) == "f3e002d" else []
     trainer.run(cfg_for(tmp_path, cache, "train.steps=3", "train.eval_every=3", *pinned["overrides"], *then), sink)
