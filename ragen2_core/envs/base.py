@@ -17,6 +17,9 @@ NO_ACTION_LINE = "No valid action was given; the state is unchanged."
 # An end reason from ``_apply`` that ends the turn, not the episode (a door that sticks, say): the
 # turn's remaining actions are not made.
 TURN_OVER = "turn_over"
+# The (row, column) step of each grid action. Each grid env lists its actions in its own order
+# (FrozenLake's is Gymnasium's action index; Sokoban's draws its rooms by index).
+MOVES = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
 
 
 @dataclass(frozen=True)

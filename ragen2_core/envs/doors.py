@@ -24,13 +24,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .base import TURN_OVER, TextEnv
+from .base import MOVES, TURN_OVER, TextEnv
 
 Pos = tuple[int, int]
 
 TEMPLATE_THINK = "Let me think about the doors that lead to the goal."
 ACTIONS = ["Left", "Down", "Right", "Up"]
-_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 _DYNAMICS_SALT = 0xD0_025  # keeps the sticking-door stream apart from the map stream of the same seed
 _MAX_ATTEMPTS = 10_000
 
@@ -101,7 +100,7 @@ class DoorsEnv(TextEnv):
                            f"{n}x{n} grid in {_MAX_ATTEMPTS} tries")
 
     def _move(self, pos: Pos, action: str) -> Pos:
-        dr, dc = _DELTAS[action]
+        dr, dc = MOVES[action]
         r, c = pos[0] + dr, pos[1] + dc
         return (r, c) if 0 <= r < self.size and 0 <= c < self.size else pos
 

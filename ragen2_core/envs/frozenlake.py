@@ -12,14 +12,13 @@ from collections import deque
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import FrozenLakeEnv as _GymFrozenLake
 
-from .base import TextEnv
+from .base import MOVES, TextEnv
 
 Pos = tuple[int, int]
 
 TEMPLATE_THINK = "Let me think about the moves that reach the goal safely."
 # Gymnasium's action order: index = action id.
 ACTIONS = ["Left", "Down", "Right", "Up"]
-_DELTAS = {"Left": (0, -1), "Down": (1, 0), "Right": (0, 1), "Up": (-1, 0)}
 # Keeps the slip stream independent of the map stream when both come from the same seed.
 _DYNAMICS_SALT = 0x51_1B
 _MAX_ATTEMPTS = 10_000
@@ -221,7 +220,7 @@ class FrozenLakeEnv(TextEnv):
 
 
 def _move(rows: int, cols: int, pos: Pos, action: str) -> Pos:
-    dr, dc = _DELTAS[action]
+    dr, dc = MOVES[action]
     return min(max(pos[0] + dr, 0), rows - 1), min(max(pos[1] + dc, 0), cols - 1)
 
 

@@ -11,14 +11,14 @@ from collections import deque
 
 import numpy as np
 
-from .base import TextEnv
+from .base import MOVES, TextEnv
 
 Pos = tuple[int, int]
 Boxes = frozenset[Pos]
 
 TEMPLATE_THINK = "Let me think about the moves that push the box onto the target."
 ACTIONS = ["Up", "Down", "Left", "Right"]
-_DELTAS = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+_DIRECTIONS = [MOVES[a] for a in ACTIONS]  # in ACTIONS' order: rooms are drawn by index
 _PERPENDICULAR = {"Up": ("Left", "Right"), "Down": ("Left", "Right"),
                   "Left": ("Up", "Down"), "Right": ("Up", "Down")}
 BOX_ON_REWARD, BOX_OFF_REWARD = 1.0, -1.0  # the release's; its -0.1 a step and +10 solved are the class's scale
@@ -43,7 +43,7 @@ def _add(pos: Pos, d: Pos) -> Pos:
 def _move(floor: frozenset[Pos], player: Pos, boxes: Boxes, action: str) -> tuple[Pos, Boxes, Pos | None]:
     """One forward move -> (player, boxes, box destination if a box was pushed). Blocked moves
     (into a wall, or pushing a box into a wall or another box) leave everything in place."""
-    d = _DELTAS[action]
+    d = MOVES[action]
     nxt = _add(player, d)
     if nxt not in floor:
         return player, boxes, None
@@ -142,7 +142,7 @@ class SokobanEnv(TextEnv):
     def _random_walk(self, rng: np.random.Generator) -> frozenset[Pos]:
         n = self.size
         carved = np.zeros((n, n), dtype=bool)
-        directions = list(_DELTAS.values())
+        directions = _DIRECTIONS
         d = directions[rng.integers(4)]
         pos = np.array([rng.integers(1, n - 1), rng.integers(1, n - 1)])
         for _ in range(int(1.5 * (n + n))):  # gym-sokoban's walk length for an n x n room
@@ -164,7 +164,7 @@ class SokobanEnv(TextEnv):
             score = abs(b[0] - target[0]) + abs(b[1] - target[1])
             if score > best_score:
                 best, best_score = (p, b), score
-            for d in _DELTAS.values():
+            for d in _DIRECTIONS:
                 nxt = _add(p, d)
                 if nxt not in floor or nxt == b:
                     continue
